@@ -1,0 +1,53 @@
+"""FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", Algorithm 1): sampled clients train the whole model from the global weights for E epochs; the
+server averages the uploads weighted by training-set size, w <- sum_k n_k/n * w_k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
+from raysim.aggregate import weighted_mean
+from raysim.client import ClientContext
+from raysim.models import GLOBAL_PARTS, SplitModel
+from raysim.train import LossFn, cross_entropy
+from raysim.weights import ModelWeights, set_weights
+
+
+@dataclass(frozen=True)
+class GlobalState:
+    weights: ModelWeights  # extractor, filter, head
+
+
+@register("fedavg")
+class FedAvg(Algorithm[GlobalState]):
+    def init(self, ctx: ServerContext) -> GlobalState:
+        return GlobalState(ctx.init_weights.select(GLOBAL_PARTS))
+
+    def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload) for c in sampled]
+
+    def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """The local objective (FedProx adds its proximal term here)."""
+        return cross_entropy
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        ctx.load(payload.weights)
+        stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=self.loss_fn(ctx, payload))
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
+        finals = [jr.final for jr in results]
+        uploads = [r.weights for r in finals if r.weights is not None]
+        return GlobalState(weighted_mean(uploads, [r.num_samples for r in finals]))
+
+    def eval_payload(self, state: GlobalState) -> Any:
+        return state.weights
+
+    def global_model(self, model: SplitModel, eval_payload: ModelWeights) -> SplitModel:
+        set_weights(model, eval_payload)
+        return model

@@ -1,0 +1,46 @@
+"""FedProx (Li et al. 2020, "Federated Optimization in Heterogeneous Networks", Eq. 2): FedAvg whose
+local objective adds the proximal term mu/2 * ||w - w^t||^2 to the loss, w^t the received global model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms.base import WeightsPayload, register
+from algorithms.fedavg import FedAvg
+from raysim.client import ClientContext
+from raysim.models import GLOBAL_PARTS, SplitModel
+from raysim.train import LossFn, cross_entropy
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            from raysim.errors import ConfigError
+
+            raise ConfigError(f"FedProx's mu must be at least 0, not {self.mu}.")
+
+
+def proximal_term(model: SplitModel, anchor: list[torch.Tensor], parts: tuple[str, ...]) -> torch.Tensor:
+    """sum over the parameters of ``parts`` of ||w - w_anchor||^2."""
+    params = [p for part in parts for p in model.part(part).parameters()]
+    return torch.stack([(p - a).pow(2).sum() for p, a in zip(params, anchor)]).sum()
+
+
+@register("fedprox")
+class FedProx(FedAvg):
+    Config = FedProxConfig
+
+    def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        mu = self.params.mu
+        anchor = [p.detach().clone() for part in GLOBAL_PARTS for p in ctx.model.part(part).parameters()]
+
+        def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + 0.5 * mu * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        return loss

@@ -1,0 +1,141 @@
+"""``python scripts/run.py``: run one experiment from the command line.
+
+Settings come, later ones winning, from the defaults, ``--config FILE`` (YAML or TOML), the named
+flags, and ``--set section.key=value`` (``--set algo.mu=0.1`` for an algorithm parameter). Bad input
+ends the run before any work with one sentence on stderr and exit status 2. The last line on stdout is
+one JSON object with the final and best metrics and the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from raysim.config import ExperimentConfig, from_dict, load_config_file, merge, set_dotted, validate
+from raysim.errors import ConfigError
+
+log = logging.getLogger("raysim")
+
+# flag -> dotted config key
+FLAGS: dict[str, tuple[str, Any, str]] = {
+    "algo": ("algo", str, "algorithm name, e.g. fedavg, fedprox, local"),
+    "model": ("model", str, "model name, e.g. cnn3p2_fmnist"),
+    "dataset": ("data.dataset", str, "fmnist | cifar10 | cifar100 | synthetic"),
+    "data_dir": ("data.data_dir", str, "directory holding (or receiving) the dataset files"),
+    "partition": ("data.partition", str, "iid | dirichlet:A | pathological:K | shard:S | dominant:S"),
+    "test_mode": ("data.test_mode", str, "local test sets: matched | split:F"),
+    "clients": ("clients", int, "number of clients N"),
+    "participation": ("participation", float, "fraction of clients sampled per round, in (0, 1]"),
+    "rounds": ("rounds", int, "communication rounds T"),
+    "local_epochs": ("train.local_epochs", int, "local epochs E"),
+    "batch_size": ("train.batch_size", int, "local batch size B"),
+    "lr": ("train.lr", float, "initial learning rate"),
+    "threads": ("train.threads", int, "intra-op threads per training job (default: cpus per worker)"),
+    "seed": ("seed", int, "random seed"),
+    "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
+    "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),
+    "executor": ("ray.executor", str, "ray | serial"),
+    "address": ("ray.address", str, "Ray cluster address to join (default: RAY_ADDRESS, else local Ray)"),
+    "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
+    "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
+    "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one sentence and exit 2, as for every bad input
+        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="run.py", description="Run one federated-learning experiment with raysim.")
+    p.add_argument("--config", help="YAML or TOML file with settings (an ExperimentConfig tree)")
+    for name, (_, typ, help_) in FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=str, default=None, help=help_, metavar=typ.__name__.upper())
+    p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
+    p.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. train.momentum=0.5 or algo.mu=0.1")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def config_from_args(argv: Sequence[str]) -> ExperimentConfig:
+    args = build_parser().parse_args(argv)
+    data: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    flags: dict[str, Any] = {}
+    for name, (key, _, _) in FLAGS.items():
+        value = getattr(args, name)
+        if value is not None:
+            set_dotted(flags, key, value)
+    if args.no_download:
+        set_dotted(flags, "data.download", False)
+    if args.no_tensorboard:
+        set_dotted(flags, "output.tensorboard", False)
+    if args.no_progress:
+        set_dotted(flags, "output.progress", False)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
+        set_dotted(flags, key.strip(), value.strip())
+    cfg: ExperimentConfig = from_dict(ExperimentConfig, merge(data, flags))
+    validate(cfg)
+    return cfg
+
+
+class ProgressBar:
+    """A tqdm bar over rounds with the latest loss and accuracies."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.post: dict[str, str] = {}
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
+
+    def on_round(self, stats: Any, round_time: float) -> None:
+        self.post["loss"] = f"{stats.train_loss:.3f}"
+        self.bar.set_postfix(self.post, refresh=False)
+        self.bar.update(1)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
+            if row.get(m) is not None:
+                self.post[m] = f"{row[m]:.4f}"
+        self.bar.set_postfix(self.post)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from raysim.logs import setup_logging
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
+    try:
+        cfg = config_from_args(argv)
+        from raysim.runner import run_experiment
+
+        callbacks = [ProgressBar()] if cfg.output.progress else []
+        result = run_experiment(cfg, callbacks)
+    except ConfigError as e:
+        print(f"raysim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raysim: interrupted.", file=sys.stderr)
+        return 130
+    out = {"algo": cfg.algo, **result.summary()}
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+__all__ = ["build_parser", "config_from_args", "main"]

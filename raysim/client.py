@@ -1,0 +1,240 @@
+"""What a client worker holds and does: the client side of every algorithm.
+
+A :class:`ClientRuntime` hosts many virtual clients. It holds the federated dataset (read zero-copy from
+the Ray object store), one model it loads weights into for each job, the algorithm's client side and
+the personal state of the clients that live here. The serial executor uses one runtime for every
+client; the Ray executor wraps one in each client-worker actor. Both call the same methods, so they
+give the same numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from algorithms.base import Algorithm, ClientResult, make_algorithm
+from raysim import rng
+from raysim.config import ExperimentConfig
+from raysim.data import ArrayDataset, FederatedData
+from raysim.models import SplitModel, build_model
+from raysim.train import (
+    Batch,
+    LossFn,
+    SGDConfig,
+    TrainStats,
+    cross_entropy,
+    iterate_batches,
+    local_train,
+    predict,
+)
+from raysim.weights import ModelWeights, get_weights, payload_nbytes, set_weights
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(cfg: ExperimentConfig) -> torch.device:
+    if cfg.ray.gpus_per_worker > 0 and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class ClientContext:
+    """One client's view during one job: its data, its model, its personal state, its random
+    streams. Handed to ``Algorithm.local_update`` and ``Algorithm.personal_model``."""
+
+    def __init__(self, runtime: ClientRuntime, cid: int, rnd: int) -> None:
+        self.runtime = runtime
+        self.cid = cid
+        self.rnd = rnd
+        self.cfg = runtime.cfg
+        self.model = runtime.model
+        self.device = runtime.device
+        self._train: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---- data
+    @property
+    def train_indices(self) -> np.ndarray:
+        return self.runtime.data.client_train[self.cid]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.train_indices.size)
+
+    def train_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's training set as tensors on the device (gathered once per job)."""
+        if self._train is None:
+            self._train = self.runtime.gather(self.runtime.data.train, self.train_indices)
+        return self._train
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """Shuffled mini-batches for ``epoch``, drawn from (seed, round, client, epoch)."""
+        x, y = self.train_tensors()
+        g = torch.Generator().manual_seed(
+            rng.int_seed(self.cfg.seed, f"shuffle/{epoch}", self.rnd, self.cid)
+        )
+        order = torch.randperm(x.shape[0], generator=g).to(self.device)
+        return iterate_batches(x, y, order, self.cfg.train.batch_size)
+
+    def generator(self, purpose: str) -> np.random.Generator:
+        return rng.generator(self.cfg.seed, purpose, self.rnd, self.cid)
+
+    # ---- personal state (lives on this client's home worker)
+    @property
+    def state(self) -> Any:
+        return self.runtime.states.get(self.cid)
+
+    def set_state(self, value: Any) -> None:
+        self.runtime.states[self.cid] = value
+
+    # ---- weights and training
+    @property
+    def initial_weights(self) -> ModelWeights:
+        """Every part of the seeded initial model (the same on every worker and on the server)."""
+        return self.runtime.initial_weights
+
+    def load(self, weights: ModelWeights) -> None:
+        set_weights(self.model, weights)
+
+    def weights(self, parts: Sequence[str]) -> ModelWeights:
+        return get_weights(self.model, parts)
+
+    def train(
+        self,
+        parts: Sequence[str],
+        lr: float,
+        *,
+        epochs: int | None = None,
+        loss_fn: LossFn = cross_entropy,
+        after_backward: Any = None,
+    ) -> TrainStats:
+        """The shared loop (:func:`raysim.train.local_train`) on this client's batches."""
+        t = self.cfg.train
+        return local_train(
+            self.model,
+            self.batches,
+            epochs=t.local_epochs if epochs is None else epochs,
+            parts=parts,
+            sgd=SGDConfig(lr, t.momentum, t.weight_decay),
+            loss_fn=loss_fn,
+            after_backward=after_backward,
+        )
+
+    def result(self, stats: TrainStats, weights: ModelWeights | None = None, extra: Any = None) -> ClientResult:
+        return ClientResult(
+            client=self.cid,
+            num_samples=self.num_samples,
+            train_loss=stats.loss,
+            weights=weights,
+            extra=extra,
+            bytes_up=payload_nbytes(weights) + payload_nbytes(extra),
+        )
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    """Correct predictions of one client's P-Test (None where the model does not exist)."""
+
+    client: int
+    n_test: int
+    gm_correct: int | None
+    lm_correct: int | None
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    clients: tuple[ClientEval, ...]
+    gtest_correct: int | None
+    gtest_total: int
+
+
+class ClientRuntime:
+    """The client side of one worker (or of the whole serial run)."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algorithm: Algorithm[Any] | None = None) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        self.device = pick_device(cfg)
+        self.model: SplitModel = build_model(
+            cfg.model, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init")
+        ).to(self.device)
+        self.initial_weights = get_weights(self.model, ("extractor", "filter", "head", "phead"))
+        self.states: dict[int, Any] = {}
+
+    def gather(self, ds: ArrayDataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.from_numpy(ds.x[idx]).to(self.device)
+        y = torch.from_numpy(ds.y[idx]).to(self.device)
+        return x, y
+
+    def run_chain(self, rnd: int, clients: Sequence[int], payload: Any, prev: ClientResult | None) -> list[ClientResult]:
+        """Train ``clients`` one after another; the first starts from ``payload`` (or, when this is a
+        later segment of a chain, from ``prev``, the last result of the segment before)."""
+        torch.set_num_threads(self.cfg.train_threads)
+        results: list[ClientResult] = []
+        for cid in clients:
+            link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
+            ctx = ClientContext(self, cid, rnd)
+            res = self.algo.local_update(ctx, link_payload)
+            down = payload_nbytes(link_payload)
+            res = ClientResult(
+                client=res.client,
+                num_samples=res.num_samples,
+                train_loss=res.train_loss,
+                weights=res.weights,
+                extra=res.extra,
+                bytes_down=down,
+                bytes_up=res.bytes_up,
+            )
+            results.append(res)
+            prev = res
+        return results
+
+    def evaluate(self, rnd: int, eval_payload: Any, clients: Sequence[int], gtest: tuple[int, int] | None) -> EvalReport:
+        """P-Test accuracy of the global and the personal model for ``clients``, and the global
+        model's correct count on G-Test samples ``gtest = (start, stop)``.
+
+        The global model predicts each needed test sample once: in ``matched`` mode the P-Tests are
+        drawn from G-Test, so one pass covers both.
+        """
+        torch.set_num_threads(self.cfg.train_threads)
+        data, bs = self.data, self.cfg.eval.batch_size
+        gm = self.algo.global_model(self.model, eval_payload)
+        gm_correct_p: dict[int, int] = {}
+        gtest_correct: int | None = None
+        gt_range = np.arange(*gtest) if gtest is not None else np.zeros(0, dtype=np.int64)
+        if gm is not None:
+            gm.eval()
+            shared_pool = data.ptest is data.gtest
+            needed = [data.client_test[c] for c in clients]
+            pool_idx = np.unique(np.concatenate(needed + ([gt_range] if shared_pool else []))) if needed or shared_pool else np.zeros(0, dtype=np.int64)
+            correct = self._correct_on(gm, data.ptest, pool_idx, bs)
+            for c in clients:
+                gm_correct_p[c] = int(correct[np.searchsorted(pool_idx, data.client_test[c])].sum())
+            if gtest is not None:
+                if shared_pool:
+                    gtest_correct = int(correct[np.searchsorted(pool_idx, gt_range)].sum())
+                else:
+                    gtest_correct = int(self._correct_on(gm, data.gtest, gt_range, bs).sum())
+        reports = []
+        for c in clients:
+            ctx = ClientContext(self, c, rnd)
+            pm = self.algo.personal_model(ctx, eval_payload)
+            lm_correct = None
+            if pm is not None:
+                pm.eval()
+                lm_correct = int(self._correct_on(self.algo.personal_forward(pm), data.ptest, data.client_test[c], bs).sum())
+            reports.append(ClientEval(c, int(data.client_test[c].size), gm_correct_p.get(c), lm_correct))
+        return EvalReport(tuple(reports), gtest_correct, int(gt_range.size))
+
+    def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:
+        if idx.size == 0:
+            return np.zeros(0, dtype=bool)
+        x, y = self.gather(ds, idx)
+        pred = predict(forward, x, batch_size)
+        out: np.ndarray = (pred == y).cpu().numpy()
+        return out

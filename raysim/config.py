@@ -1,0 +1,398 @@
+"""The one configuration tree of a raysim experiment.
+
+Everything an experiment needs is an :class:`ExperimentConfig`: a tree of frozen dataclasses with one
+place for each default. It loads from a YAML or TOML file (:func:`load_config_file`), takes dotted
+overrides (``train.lr=0.05``) and is validated as a whole (:func:`validate`) before any work starts.
+The algorithm's own parameters live in ``algo_params`` and are turned into the algorithm's typed,
+frozen config by the algorithm registry (``algorithms.base.Algorithm.Config``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from raysim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The ``synthetic`` dataset: class-conditional Gaussians shaped as small images.
+
+    Each class c has a mean ``separation * m_c`` with ``m_c ~ N(0, I)``; a sample is its class mean
+    plus unit Gaussian noise, reshaped to ``shape``. Generated from the experiment seed.
+    """
+
+    train_samples: int = 2000
+    test_samples: int = 500
+    num_classes: int = 10
+    shape: tuple[int, ...] = (1, 16, 16)
+    separation: float = 0.5
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset, partition and local test sets (ALGORITHMS.md, "Data")."""
+
+    dataset: str = "fmnist"  # fmnist | cifar10 | cifar100 | synthetic
+    data_dir: str | None = None  # where the dataset's files are (or are downloaded to)
+    download: bool = True  # allow torchvision's download when the files are not found
+    partition: str = "dirichlet:0.1"  # iid | dirichlet:A | pathological:K | shard:S | dominant:S
+    test_mode: str = "matched"  # matched | split:F (pool train+test, F of each client's data for test)
+    min_samples: int = 10  # dirichlet: redraw until every client has this many (choice)
+    samples_per_client: int = 600  # dominant: samples per client (600; 1000 for EMNIST)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training: SGD and the learning-rate schedule (ALGORITHMS.md, "Training defaults")."""
+
+    local_epochs: int = 5
+    batch_size: int = 40
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    lr_decay: float = 0.99  # multiply the learning rate by this every round (Fed3+2p)
+    lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
+    lr_gamma: float = 0.1
+    threads: int | None = None  # intra-op threads of a training job; None: cpus_per_worker (at least 1)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1  # evaluate every k rounds (and always after the last); 0: only after the last
+    batch_size: int = 500
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    executor: str = "ray"  # ray | serial
+    address: str | None = None  # join this cluster; None: RAY_ADDRESS, else start Ray locally
+    workers: int | None = None  # client-worker actors; None: as many as the resources allow
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    object_store_mb: int | None = None  # local Ray only
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    out: str | None = None  # the run directory; None: runs/<algo>-<dataset>-<time>
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    algo: str = "fedavg"
+    model: str = "cnn3p2_fmnist"
+    clients: int = 100
+    participation: float = 0.1
+    rounds: int = 20
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    algo_params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def train_threads(self) -> int:
+        """Intra-op threads every executor trains a job with (part of the numbers, see DESIGN.md)."""
+        if self.train.threads is not None:
+            return self.train.threads
+        return max(1, int(self.ray.cpus_per_worker))
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.participation * self.clients))
+
+
+# --------------------------------------------------------------------------------------------------
+# building a config from plain data
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Turn ``value`` (from YAML/TOML/the command line) into the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where} cannot be {value!r}.")
+    if is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table of settings, not {value!r}.")
+        return from_dict(tp, value, where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, not {value!r}.")
+        item = args[0] if args else str
+        return tuple(_coerce(v, item, where) for v in value)
+    if origin in (Mapping, dict) or tp in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, not {value!r}.")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f"{where} must be true or false, not {value!r}.")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be an integer, not {value!r}.") from None
+        if not f.is_integer():
+            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+        return int(f)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, not {value!r}.") from None
+    if tp is str:
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, data: Mapping[str, Any], where: str = "config") -> Any:
+    """Build the dataclass ``cls`` from nested plain data, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"Unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(known))})."
+        )
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested data (tuples as lists) for YAML/JSON output."""
+
+    def plain(v: Any) -> Any:
+        if is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, Mapping):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v
+
+    out: dict[str, Any] = plain(cfg)
+    return out
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml), TOML (.toml) or JSON file into plain nested data."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"The config file {p} does not exist.")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # any parse error is the user's file
+        raise ConfigError(f"The config file {p} could not be parsed: {e}.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"The config file {p} must hold a table of settings.")
+    return data
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``set_dotted(d, "train.lr", 0.1)`` sets ``d["train"]["lr"]``; ``algo.X`` sets an algorithm
+    parameter."""
+    keys = dotted.split(".")
+    if keys[0] == "algo" and len(keys) > 1:
+        keys = ["algo_params", *keys[1:]]
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"The setting {dotted} does not name a table.")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def replace(cfg: ExperimentConfig, **changes: Any) -> ExperimentConfig:
+    """``dataclasses.replace`` that also takes dotted keys: ``replace(cfg, **{"train.lr": 0.1})``."""
+    data = to_dict(cfg)
+    for k, v in changes.items():
+        set_dotted(data, k, v)
+    result: ExperimentConfig = from_dict(ExperimentConfig, data)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# validation (the parts that need no registry; algorithms and models are checked by their registries)
+
+_PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "dominant")
+DATASETS = ("fmnist", "cifar10", "cifar100", "synthetic")
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` with one clear sentence for the first bad setting."""
+    if cfg.clients < 1:
+        raise ConfigError(f"The number of clients must be at least 1, not {cfg.clients}.")
+    if not 0.0 < cfg.participation <= 1.0:
+        raise ConfigError(f"The participation rate must be in (0, 1], not {cfg.participation}.")
+    if cfg.rounds < 1:
+        raise ConfigError(f"The number of rounds must be at least 1, not {cfg.rounds}.")
+    if cfg.data.dataset not in DATASETS:
+        raise ConfigError(
+            f"Unknown dataset {cfg.data.dataset!r} (known: {', '.join(DATASETS)})."
+        )
+    parse_partition(cfg.data.partition)
+    parse_test_mode(cfg.data.test_mode)
+    t = cfg.train
+    if t.local_epochs < 0:
+        raise ConfigError(f"The local epochs must be at least 0, not {t.local_epochs}.")
+    if t.batch_size < 1:
+        raise ConfigError(f"The batch size must be at least 1, not {t.batch_size}.")
+    if t.lr <= 0:
+        raise ConfigError(f"The learning rate must be positive, not {t.lr}.")
+    if not 0 < t.lr_decay <= 1:
+        raise ConfigError(f"The learning-rate decay must be in (0, 1], not {t.lr_decay}.")
+    if any(not 0 < m < 1 for m in t.lr_milestones):
+        raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
+    if t.threads is not None and t.threads < 1:
+        raise ConfigError(f"The training threads must be at least 1, not {t.threads}.")
+    if cfg.eval.every < 0:
+        raise ConfigError(f"eval.every must be at least 0, not {cfg.eval.every}.")
+    r = cfg.ray
+    if r.executor not in ("ray", "serial"):
+        raise ConfigError(f"The executor must be 'ray' or 'serial', not {r.executor!r}.")
+    if r.workers is not None and r.workers < 1:
+        raise ConfigError(f"The number of workers must be at least 1, not {r.workers}.")
+    if r.cpus_per_worker < 0 or r.gpus_per_worker < 0:
+        raise ConfigError("CPUs and GPUs per worker cannot be negative.")
+    if r.cpus_per_worker == 0 and r.gpus_per_worker == 0:
+        raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    kind: str
+    param: float | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.param is None else f"{self.kind}:{self.param:g}"
+
+
+def parse_partition(text: str) -> PartitionSpec:
+    """``dirichlet:0.1`` -> PartitionSpec("dirichlet", 0.1); checks the parameter's range."""
+    kind, _, arg = text.partition(":")
+    kind = kind.strip().lower()
+    if kind not in _PARTITIONS:
+        raise ConfigError(f"Unknown partition {text!r} (known: {', '.join(_PARTITIONS)}).")
+    if kind == "iid":
+        if arg:
+            raise ConfigError("The iid partition takes no parameter.")
+        return PartitionSpec("iid")
+    defaults = {"dirichlet": None, "pathological": 2.0, "shard": 2.0, "dominant": 20.0}
+    if not arg:
+        if defaults[kind] is None:
+            raise ConfigError("The dirichlet partition needs its concentration, e.g. dirichlet:0.1.")
+        return PartitionSpec(kind, defaults[kind])
+    try:
+        value = float(arg)
+    except ValueError:
+        raise ConfigError(f"The partition parameter in {text!r} is not a number.") from None
+    if kind == "dirichlet" and not value > 0:
+        raise ConfigError(f"The Dirichlet concentration alpha must be positive, not {arg}.")
+    if kind in ("pathological", "shard") and (value < 1 or not value.is_integer()):
+        raise ConfigError(f"The {kind} partition needs a whole number of at least 1, not {arg}.")
+    if kind == "dominant" and not 0 <= value <= 100:
+        raise ConfigError(f"The dominant partition's uniform share is a percentage, not {arg}.")
+    return PartitionSpec(kind, value)
+
+
+@dataclass(frozen=True)
+class TestModeSpec:
+    kind: str  # matched | split
+    test_fraction: float = 0.25
+
+
+def parse_test_mode(text: str) -> TestModeSpec:
+    kind, _, arg = text.partition(":")
+    if kind == "matched" and not arg:
+        return TestModeSpec("matched")
+    if kind == "split":
+        try:
+            frac = float(arg) if arg else 0.25
+        except ValueError:
+            raise ConfigError(f"The test split fraction in {text!r} is not a number.") from None
+        if not 0 < frac < 1:
+            raise ConfigError(f"The test split fraction must be in (0, 1), not {frac}.")
+        return TestModeSpec("split", frac)
+    raise ConfigError(f"Unknown local test mode {text!r} (known: matched, split:F).")
+
+
+def dump_yaml(cfg: ExperimentConfig, path: str | os.PathLike[str]) -> None:
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+__all__ = [
+    "DataConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "OutputConfig",
+    "PartitionSpec",
+    "RayConfig",
+    "SyntheticConfig",
+    "TestModeSpec",
+    "TrainConfig",
+    "dump_yaml",
+    "from_dict",
+    "load_config_file",
+    "merge",
+    "parse_partition",
+    "parse_test_mode",
+    "replace",
+    "set_dotted",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,184 @@
+"""Models with named parts: ``extractor | filter | head`` plus a personal head ``phead``.
+
+ALGORITHMS.md, "Models": every model is a :class:`SplitModel` whose parts are real ``nn.Module``s, so an
+algorithm can freeze, share or keep personal any part by name. A model without a filter uses the
+identity; ``phead`` has ``head``'s shape. Each builder takes the input shape and class count, so the
+same model runs on the real dataset it was written for and on synthetic data of another size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from raysim.errors import ConfigError
+
+PARTS = ("extractor", "filter", "head", "phead")
+GLOBAL_PARTS = ("extractor", "filter", "head")
+
+
+class SplitModel(nn.Module):
+    """extractor -> filter -> head (the global path); ``phead`` is the personal classifier.
+
+    ``feature_dim`` is the size of the extractor's output z (used by prototype and ETF methods);
+    ``filter_dim`` is the size after the filter, the input of both heads.
+    """
+
+    def __init__(
+        self,
+        extractor: nn.Module,
+        filter: nn.Module,
+        head: nn.Linear,
+        feature_dim: int,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        self.extractor = extractor
+        self.filter = filter
+        self.head = head
+        self.phead = nn.Linear(head.in_features, head.out_features)
+        self.feature_dim = feature_dim
+        self.filter_dim = head.in_features
+        self.num_classes = num_classes
+
+    def part(self, name: str) -> nn.Module:
+        if name not in PARTS:
+            raise KeyError(f"unknown model part {name!r}")
+        module: nn.Module = getattr(self, name)
+        return module
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """z = extractor(x)."""
+        out: torch.Tensor = self.extractor(x)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The global path: head(filter(extractor(x)))."""
+        out: torch.Tensor = self.head(self.filter(self.extractor(x)))
+        return out
+
+    def personal_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The personal path: phead(filter(extractor(x)))."""
+        out: torch.Tensor = self.phead(self.filter(self.extractor(x)))
+        return out
+
+
+def _flat_dim(module: nn.Module, input_shape: Sequence[int]) -> int:
+    with torch.no_grad():
+        return int(module(torch.zeros(1, *input_shape)).shape[1])
+
+
+def _conv_stack(
+    in_ch: int, channels: Sequence[int], kernel: int, act: Callable[[], nn.Module], padding: int = 0,
+    pool_after: Sequence[bool] | None = None,
+) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    pools = pool_after if pool_after is not None else [True] * len(channels)
+    for out_ch, pool in zip(channels, pools):
+        layers += [nn.Conv2d(in_ch, out_ch, kernel, padding=padding), act()]
+        if pool:
+            layers.append(nn.MaxPool2d(2))
+        in_ch = out_ch
+    return layers
+
+
+def _with_fc(convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module) -> tuple[nn.Sequential, int]:
+    """convs, flatten, then FC ``width`` + act: the extractor of FedFCD's and FedPAC's CNNs."""
+    body = nn.Sequential(*convs, nn.Flatten())
+    flat = _flat_dim(body, input_shape)
+    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, width), act), width
+
+
+def cnn3p2(input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int) -> SplitModel:
+    """Fed3+2p's ConvNet (seed 002, "Backbones"): convolutions with ReLU and max-pool as the
+    extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head."""
+    pools = [True] * len(channels)
+    if len(channels) == 3:  # the CIFAR net: conv-pool, conv-pool, conv
+        pools[-1] = False
+    extractor = nn.Sequential(*_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools), nn.Flatten())
+    d = _flat_dim(extractor, input_shape)
+    filt = nn.Sequential(nn.Linear(d, hidden), nn.ReLU())
+    return SplitModel(extractor, filt, nn.Linear(hidden, num_classes), d, num_classes)
+
+
+def cnn3p2_fmnist(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """conv 32, conv 64 (5x5, ReLU, max-pool 2) | FC 50 | FC 10."""
+    return cnn3p2(input_shape, num_classes, (32, 64), 5, 50)
+
+
+def cnn3p2_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """conv 32, 64, 64 (3x3, ReLU; max-pool after the first two) | FC 64 | FC 10/100."""
+    return cnn3p2(input_shape, num_classes, (32, 64, 64), 3, 64)
+
+
+def mlp_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedFCD's FMNIST MLP (seed 003): 784 -> 100 ReLU | - | 100 -> 10."""
+    n_in = 1
+    for s in input_shape:
+        n_in *= s
+    extractor = nn.Sequential(nn.Flatten(), nn.Linear(n_in, 100), nn.ReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(100, num_classes), 100, num_classes)
+
+
+def cnn_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedFCD's CIFAR-10 CNN (McMahan et al. 2017): conv 32, conv 64 (5x5 'same', max-pool 2),
+    FC 512 ReLU | - | FC 10."""
+    convs = _conv_stack(input_shape[0], (32, 64), 5, nn.ReLU, padding=2)
+    extractor, d = _with_fc(convs, input_shape, 512, nn.ReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
+
+
+def _pac(input_shape: Sequence[int], num_classes: int, channels: Sequence[int]) -> SplitModel:
+    layers: list[nn.Module] = []
+    in_ch = input_shape[0]
+    for i, out_ch in enumerate(channels):
+        layers += [nn.Conv2d(in_ch, out_ch, 5 if i < 2 else 3)]
+        if i < 2:
+            layers.append(nn.MaxPool2d(2))
+        layers.append(nn.LeakyReLU())
+        in_ch = out_ch
+    extractor, d = _with_fc(layers, input_shape, 128, nn.LeakyReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
+
+
+def cnn_pac(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedPAC's (E)MNIST/FMNIST CNN (seed 001, the authors' code): conv 16, conv 32 (5x5, max-pool,
+    LeakyReLU), FC 128 LeakyReLU | - | FC C."""
+    return _pac(input_shape, num_classes, (16, 32))
+
+
+def cnn_pac_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedPAC's CIFAR/CINIC CNN: as ``cnn_pac`` plus a 3x3 conv 64, then FC 128 | - | FC C."""
+    return _pac(input_shape, num_classes, (16, 32, 64))
+
+
+ModelBuilder = Callable[[Sequence[int], int], SplitModel]
+
+MODELS: dict[str, ModelBuilder] = {
+    "cnn3p2_fmnist": cnn3p2_fmnist,
+    "cnn3p2_cifar": cnn3p2_cifar,
+    "mlp_fcd": mlp_fcd,
+    "cnn_fcd": cnn_fcd,
+    "cnn_pac": cnn_pac,
+    "cnn_pac_cifar": cnn_pac_cifar,
+}
+
+
+def check_model_name(name: str) -> None:
+    if name not in MODELS:
+        raise ConfigError(f"Unknown model {name!r} (known: {', '.join(sorted(MODELS))}).")
+
+
+def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> SplitModel:
+    """Build ``name`` with parameters drawn from ``seed`` alone (the global generator is untouched)."""
+    check_model_name(name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            return MODELS[name](tuple(input_shape), num_classes)
+        except RuntimeError as e:  # e.g. an input too small for the convolutions
+            raise ConfigError(
+                f"The model {name} does not fit inputs of shape {tuple(input_shape)}: {e}."
+            ) from None

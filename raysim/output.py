@@ -1,0 +1,114 @@
+"""What a run leaves behind, written by callbacks on the runner's loop.
+
+In the run directory: ``config.yaml`` (the resolved config), ``metrics.parquet`` (a row per evaluated
+round), ``clients.parquet`` (a row per client per evaluated round), ``summary.json`` (final and best
+metrics) and ``tb/`` (TensorBoard scalars per round: accuracies, loss, round time, bytes down and up,
+and the algorithm's own scalars).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from raysim.config import ExperimentConfig, dump_yaml
+from raysim.server import RoundStats
+
+log = logging.getLogger(__name__)
+
+
+class Callback(Protocol):
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None: ...
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None: ...
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None: ...
+
+    def on_end(self, summary: dict[str, Any]) -> None: ...
+
+
+class BaseCallback:
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        pass
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None:
+        pass
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        pass
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        pass
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    if cfg.output.out:
+        return Path(cfg.output.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.algo}-{cfg.data.dataset}-{stamp}"
+
+
+class TableWriter(BaseCallback):
+    """config.yaml at the start; the Parquet tables after every evaluation; summary.json at the end."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.client_rows: list[dict[str, Any]] = []
+        self.run_dir = Path(".")
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, run_dir / "config.yaml")
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        self.rows.append(row)
+        self.client_rows.extend(clients)
+        self._write()
+
+    def _write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(self.rows), self.run_dir / "metrics.parquet")
+        pq.write_table(pa.Table.from_pylist(self.client_rows), self.run_dir / "clients.parquet")
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+class TensorBoardWriter(BaseCallback):
+    """TensorBoard scalars: ``accuracy/*`` at evaluated rounds, ``train/*``, ``time/*``, ``comm/*``
+    and ``algo/*`` every round."""
+
+    def __init__(self) -> None:
+        self.writer: Any = None
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None:
+        w, r = self.writer, stats.rnd
+        w.add_scalar("train/loss", stats.train_loss, r)
+        w.add_scalar("train/clients", stats.clients, r)
+        w.add_scalar("time/round_s", round_time, r)
+        w.add_scalar("comm/bytes_down", stats.bytes_down, r)
+        w.add_scalar("comm/bytes_up", stats.bytes_up, r)
+        for name, value in stats.scalars:
+            w.add_scalar(f"algo/{name}", value, r)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        for key, value in row.items():
+            if key.startswith(("gm_", "lm_")) and value is not None:
+                self.writer.add_scalar(f"accuracy/{key}", value, rnd)
+        self.writer.add_scalar("time/eval_s", row["eval_time_s"], rnd)
+        self.writer.flush()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.writer.close()

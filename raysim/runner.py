@@ -1,0 +1,154 @@
+"""The round loop: the only loop over rounds in raysim (DESIGN.md, "The flow of one round").
+
+    sample clients (seeded) -> executor.train_round (plan on the server, jobs on the workers,
+    aggregate on the server) -> every k rounds executor.evaluate -> callbacks
+
+Everything that can be wrong with the input is checked in :func:`prepare` before any work starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from algorithms.base import algorithm_params
+from raysim import rng
+from raysim.config import ExperimentConfig, validate
+from raysim.data import FederatedData, build_federated_data
+from raysim.errors import ConfigError
+from raysim.executors import Executor, RayExecutor, SerialExecutor
+from raysim.metrics import MetricHistory, client_rows, summarize
+from raysim.models import build_model, check_model_name
+from raysim.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    rows: list[dict[str, Any]]
+    final: dict[str, float | None]
+    best: dict[str, float | None]
+    train_time_s: float  # sum of the rounds' wall times (training only)
+    eval_time_s: float
+    setup_time_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "final": self.final,
+            "best": self.best,
+            "rounds": self.rows[-1]["round"] if self.rows else 0,
+            "train_time_s": round(self.train_time_s, 3),
+            "eval_time_s": round(self.eval_time_s, 3),
+            "setup_time_s": round(self.setup_time_s, 3),
+            "run_dir": str(self.run_dir),
+        }
+
+
+def prepare(cfg: ExperimentConfig) -> FederatedData:
+    """Validate everything that needs no cluster, then load and partition the data."""
+    validate(cfg)
+    algorithm_params(cfg)  # unknown algorithm or parameter
+    check_model_name(cfg.model)
+    data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
+    build_model(cfg.model, data.train.input_shape, data.num_classes, 0)  # the model fits the data
+    return data
+
+
+def make_executor(cfg: ExperimentConfig, data: FederatedData) -> tuple[Executor, bool]:
+    """The configured executor, and whether Ray was started here (and must be stopped)."""
+    if cfg.ray.executor == "serial":
+        return SerialExecutor(cfg, data), False
+    from raysim import ray_env
+
+    started = ray_env.start_ray(cfg)
+    try:
+        workers = ray_env.default_workers(cfg)
+        ray_env.check_resources(cfg, workers)
+        return RayExecutor(cfg, data, workers), started
+    except BaseException:
+        if started:
+            ray_env.stop_ray()
+        raise
+
+
+def evaluation_due(cfg: ExperimentConfig, rnd: int) -> bool:
+    return rnd == cfg.rounds or (cfg.eval.every > 0 and rnd % cfg.eval.every == 0)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    callbacks: Sequence[Callback] = (),
+    *,
+    data: FederatedData | None = None,
+) -> RunResult:
+    """Run ``cfg`` from round 1 to ``cfg.rounds``; write the run directory; return the metrics."""
+    t0 = time.perf_counter()
+    data = prepare(cfg) if data is None else data
+    run_dir = default_run_dir(cfg)
+    writers: list[Callback] = [TableWriter()]
+    if cfg.output.tensorboard:
+        writers.append(TensorBoardWriter())
+    all_callbacks = [*writers, *callbacks]
+    executor, started_ray = make_executor(cfg, data)
+    rows: list[dict[str, Any]] = []
+    train_time = eval_time = 0.0
+    setup_time = time.perf_counter() - t0
+    try:
+        for cb in all_callbacks:
+            cb.on_start(cfg, run_dir)
+        for rnd in range(1, cfg.rounds + 1):
+            sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
+            t = time.perf_counter()
+            stats = executor.train_round(rnd, sampled)
+            round_time = time.perf_counter() - t
+            train_time += round_time
+            for cb in all_callbacks:
+                cb.on_round(stats, round_time)
+            if not evaluation_due(cfg, rnd):
+                continue
+            t = time.perf_counter()
+            report = executor.evaluate(rnd)
+            took = time.perf_counter() - t
+            eval_time += took
+            row: dict[str, Any] = {"round": rnd, **summarize(report)}
+            row.update(
+                train_loss=stats.train_loss,
+                round_time_s=round_time,
+                eval_time_s=took,
+                bytes_down=stats.bytes_down,
+                bytes_up=stats.bytes_up,
+                **dict(stats.scalars),
+            )
+            rows.append(row)
+            for cb in all_callbacks:
+                cb.on_eval(rnd, row, client_rows(rnd, report))
+    finally:
+        executor.shutdown()
+        if started_ray:
+            from raysim import ray_env
+
+            ray_env.stop_ray()
+    history = MetricHistory(rows)
+    result = RunResult(
+        run_dir=run_dir,
+        rows=rows,
+        final=history.final(),
+        best=history.best(),
+        train_time_s=train_time,
+        eval_time_s=eval_time,
+        setup_time_s=setup_time,
+    )
+    summary = {"algo": cfg.algo, **result.summary(), "best_round": history.best_round()}
+    for cb in all_callbacks:
+        cb.on_end(summary)
+    return result
+
+
+__all__ = ["ConfigError", "RunResult", "make_executor", "prepare", "run_experiment"]

@@ -1,0 +1,78 @@
+"""The server side: holds the algorithm's server state, plans jobs and aggregates results.
+
+DESIGN.md: the server actor holds the server state (global weights, global head, prototypes,
+groupings) and does aggregation, global-head training and grouping, so the driver stays thin and
+nothing big crosses it. :class:`ServerHost` is that logic; the serial executor calls it in-process
+and the Ray executor wraps it in an actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from algorithms.base import Algorithm, ClientStats, Job, JobResult, ServerContext, make_algorithm
+from raysim import rng
+from raysim.config import ExperimentConfig
+from raysim.models import PARTS, build_model
+from raysim.weights import get_weights
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """What the driver learns of a round: small numbers only."""
+
+    rnd: int
+    clients: int
+    train_loss: float  # sample-weighted mean over the round's clients
+    num_samples: int
+    bytes_down: int
+    bytes_up: int
+    scalars: tuple[tuple[str, float], ...] = ()
+
+
+def client_stats(label_counts: np.ndarray) -> ClientStats:
+    return ClientStats(train_sizes=label_counts.sum(axis=1), label_counts=label_counts)
+
+
+class ServerHost:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        stats: ClientStats,
+        input_shape: Sequence[int],
+        num_classes: int,
+        algorithm: Algorithm[Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        model = build_model(cfg.model, input_shape, num_classes, rng.int_seed(cfg.seed, "init"))
+        ctx = ServerContext(cfg=cfg, clients=stats, init_weights=get_weights(model, PARTS))
+        self.state = self.algo.init(ctx)
+
+    def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        return self.algo.plan(self.state, rnd, sampled)
+
+    def aggregate(self, rnd: int, results: Sequence[JobResult]) -> RoundStats:
+        self.state = self.algo.aggregate(self.state, rnd, results)
+        flat = [r for jr in results for r in jr.results]
+        n = sum(r.num_samples for r in flat)
+        loss = sum(r.train_loss * r.num_samples for r in flat) / max(n, 1)
+        return RoundStats(
+            rnd=rnd,
+            clients=len(flat),
+            train_loss=float(loss),
+            num_samples=n,
+            bytes_down=sum(r.bytes_down for r in flat),
+            bytes_up=sum(r.bytes_up for r in flat),
+            scalars=tuple(sorted(self.algo.round_scalars(self.state).items())),
+        )
+
+    def eval_payload(self) -> Any:
+        return self.algo.eval_payload(self.state)

@@ -1,0 +1,113 @@
+"""The one local-training loop every algorithm shares.
+
+DESIGN.md, "Algorithm hooks": local training takes small hooks (the loss of a batch, the parts that
+train, an ``after_backward`` step) instead of each algorithm writing its own loop. FedProx is then a
+loss term; FedRep is two calls with different parts; SCAFFOLD is an ``after_backward`` correction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from raysim.models import PARTS, SplitModel
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], torch.Tensor]
+BatchSource = Callable[[int], Iterable[Batch]]
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    loss: float  # mean training loss over every step
+    steps: int
+    samples: int  # samples seen, over all epochs
+
+
+def cross_entropy(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the global path head(filter(extractor(x)))."""
+    return F.cross_entropy(model(x), y)
+
+
+def personal_cross_entropy(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the personal path phead(filter(extractor(x)))."""
+    return F.cross_entropy(model.personal_forward(x), y)
+
+
+def set_trainable(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Parameter]:
+    """Make exactly ``parts`` trainable; frozen parts go to eval mode (BatchNorm statistics stay
+    put), so a frozen part is bit-identical after training. Returns the trainable parameters."""
+    params: list[torch.nn.Parameter] = []
+    for name in PARTS:
+        module = model.part(name)
+        train = name in parts
+        module.train(train)
+        for p in module.parameters():
+            p.requires_grad_(train)
+            if train:
+                params.append(p)
+    return params
+
+
+def local_train(
+    model: SplitModel,
+    batches: BatchSource,
+    *,
+    epochs: int,
+    parts: Sequence[str],
+    sgd: SGDConfig,
+    loss_fn: LossFn = cross_entropy,
+    after_backward: Callable[[], None] | None = None,
+) -> TrainStats:
+    """Train ``parts`` of ``model`` for ``epochs`` passes over ``batches(epoch)`` with SGD.
+
+    A fresh optimizer each call (momentum does not carry over between rounds).
+    """
+    params = set_trainable(model, parts)
+    if not params or epochs == 0:
+        return TrainStats(0.0, 0, 0)
+    opt = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum, weight_decay=sgd.weight_decay)
+    total: torch.Tensor | None = None  # summed on the device: no host sync per step
+    steps = samples = 0
+    for epoch in range(epochs):
+        for x, y in batches(epoch):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, x, y)
+            loss.backward()
+            if after_backward is not None:
+                after_backward()
+            opt.step()
+            step_loss = loss.detach().to(torch.float64)
+            total = step_loss if total is None else total + step_loss
+            steps += 1
+            samples += int(y.shape[0])
+    mean = float(total) / steps if total is not None else 0.0
+    return TrainStats(mean, steps, samples)
+
+
+def iterate_batches(x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch_size: int) -> Iterator[Batch]:
+    """Mini-batches of (x, y) in the order of ``order`` (the last one may be smaller)."""
+    for start in range(0, order.numel(), batch_size):
+        idx = order[start : start + batch_size]
+        yield x.index_select(0, idx), y.index_select(0, idx)
+
+
+@torch.inference_mode()
+def predict(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """argmax of ``forward`` over ``x`` in batches, on x's device."""
+    out = []
+    for start in range(0, x.shape[0], batch_size):
+        out.append(forward(x[start : start + batch_size]).argmax(dim=1))
+    if not out:
+        return torch.zeros(0, dtype=torch.long, device=x.device)
+    return torch.cat(out)

@@ -1,0 +1,119 @@
+"""Model weights on the wire: one flat, contiguous float32 array per model part.
+
+DESIGN.md: weights travel as flat contiguous arrays per model part, so the Ray object store holds one
+buffer per part and workers read it zero-copy. A part's flat array is every floating tensor of its
+``state_dict`` (parameters and buffers, e.g. BatchNorm statistics) in ``state_dict`` order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.models import PARTS, SplitModel
+
+
+@dataclass(frozen=True, eq=False)
+class ModelWeights:
+    """Flat float32 arrays for the parts present; a part that is None is not carried."""
+
+    extractor: np.ndarray | None = None
+    filter: np.ndarray | None = None
+    head: np.ndarray | None = None
+    phead: np.ndarray | None = None
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in PARTS:
+            arr = getattr(self, name)
+            if arr is not None:
+                yield name, arr
+
+    @property
+    def part_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.items())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for _, a in self.items())
+
+    def select(self, parts: Sequence[str]) -> ModelWeights:
+        return ModelWeights(**{p: getattr(self, p) for p in parts})
+
+    def merged(self, other: ModelWeights) -> ModelWeights:
+        """These weights with ``other``'s parts put over them."""
+        return ModelWeights(**{p: getattr(other, p) if getattr(other, p) is not None else getattr(self, p) for p in PARTS})
+
+    def equals(self, other: ModelWeights) -> bool:
+        if self.part_names != other.part_names:
+            return False
+        return all(np.array_equal(a, getattr(other, n)) for n, a in self.items())
+
+
+def _float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+
+
+def get_part(model: SplitModel, part: str) -> np.ndarray:
+    tensors = _float_tensors(model.part(part))
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]).to("cpu", torch.float32)
+    return flat.numpy()
+
+
+def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
+    tensors = _float_tensors(model.part(part))
+    total = sum(t.numel() for t in tensors)
+    if flat.size != total:
+        raise ValueError(f"part {part} has {total} values, got {flat.size}")
+    with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
+        warnings.simplefilter("ignore", UserWarning)
+        src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(src[offset : offset + n].view_as(t))
+            offset += n
+
+
+def get_weights(model: SplitModel, parts: Sequence[str]) -> ModelWeights:
+    return ModelWeights(**{p: get_part(model, p) for p in parts})
+
+
+def set_weights(model: SplitModel, weights: ModelWeights) -> None:
+    for name, arr in weights.items():
+        set_part(model, name, arr)
+
+
+def map_parts(fn: Callable[..., np.ndarray], *ws: ModelWeights) -> ModelWeights:
+    """Apply ``fn`` part by part to weights that carry the same parts."""
+    names = ws[0].part_names
+    for w in ws[1:]:
+        if w.part_names != names:
+            raise ValueError(f"weights carry different parts: {names} vs {w.part_names}")
+    return ModelWeights(**{n: fn(*(getattr(w, n) for w in ws)) for n in names})
+
+
+def payload_nbytes(obj: Any) -> int:
+    """Bytes of the arrays inside a payload or result (dataclasses, sequences, mappings, arrays)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, torch.Tensor):
+        return int(obj.numel() * obj.element_size())
+    if isinstance(obj, ModelWeights):
+        return obj.nbytes
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(payload_nbytes(getattr(obj, f.name)) for f in fields(obj))
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_nbytes(x) for x in obj)
+    if isinstance(obj, dict):
+        return sum(payload_nbytes(x) for x in obj.values())
+    return 0

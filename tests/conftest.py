@@ -1,0 +1,53 @@
+"""Shared fixtures. Ray started by the tests stays on loopback and reports nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from raysim.config import ExperimentConfig, replace  # noqa: E402
+
+
+def tiny_config(tmp_path: Any = None, **changes: Any) -> ExperimentConfig:
+    """A seconds-long experiment on synthetic data (dotted keys allowed in ``changes``)."""
+    base = {
+        "algo": "fedavg",
+        "model": "mlp_fcd",
+        "clients": 8,
+        "participation": 0.5,
+        "rounds": 3,
+        "seed": 3,
+        "data.dataset": "synthetic",
+        "data.partition": "dirichlet:0.5",
+        "data.synthetic.train_samples": 800,
+        "data.synthetic.test_samples": 400,
+        "data.synthetic.shape": (1, 8, 8),
+        "train.local_epochs": 1,
+        "train.batch_size": 20,
+        "train.lr": 0.05,
+        "ray.executor": "serial",
+        "ray.cpus_per_worker": 1,
+        "output.progress": False,
+        "output.tensorboard": False,
+    }
+    if tmp_path is not None:
+        base["output.out"] = str(tmp_path)
+    base.update(changes)
+    return replace(ExperimentConfig(), **base)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray for the whole session (2 CPUs, loopback), shut down at the end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()

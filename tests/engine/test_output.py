@@ -1,0 +1,57 @@
+"""The run directory: TensorBoard events, metrics.parquet, clients.parquet, the resolved config and
+the CLI's closing JSON line, read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cli_run_writes_tables_tensorboard_and_json(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "scripts" / "run.py"), "--algo", "fedavg", "--dataset", "synthetic",
+            "--model", "mlp_fcd", "--clients", "6", "--participation", "0.5", "--rounds", "4",
+            "--eval-every", "2", "--local-epochs", "1", "--executor", "serial", "--out", str(out),
+            "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=600",
+        ],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["run_dir"] == str(out) and summary["rounds"] == 4
+    assert set(summary["final"]) == {"gm_gtest", "gm_ptest", "lm_ptest"}
+
+    metrics = pq.read_table(out / "metrics.parquet").to_pylist()
+    assert [r["round"] for r in metrics] == [2, 4]
+    assert metrics[-1]["gm_gtest"] == summary["final"]["gm_gtest"]
+    assert all(0 <= r["gm_ptest"] <= 1 and r["lm_ptest"] is None for r in metrics)
+    assert all(r["bytes_down"] > 0 and r["bytes_up"] > 0 for r in metrics)
+
+    clients = pq.read_table(out / "clients.parquet").to_pylist()
+    assert len(clients) == 2 * 6
+    assert {r["client"] for r in clients} == set(range(6))
+    last = [r for r in clients if r["round"] == 4]
+    assert abs(sum(r["gm_ptest"] for r in last) / 6 - metrics[-1]["gm_ptest"]) < 1e-12
+
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["algo"] == "fedavg" and cfg["clients"] == 6 and cfg["data"]["synthetic"]["shape"] == [1, 8, 8]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"accuracy/gm_gtest", "accuracy/gm_ptest", "train/loss", "time/round_s", "comm/bytes_down", "comm/bytes_up"} <= tags
+    gm = acc.Scalars("accuracy/gm_gtest")
+    assert [e.step for e in gm] == [2, 4]
+    assert abs(gm[-1].value - summary["final"]["gm_gtest"]) < 1e-6
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4]

@@ -1,0 +1,57 @@
+"""Small units of the engine: weights on the wire, aggregation, placement, learning-rate schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim import rng
+from raysim.aggregate import apply_updates, subtract, weighted_mean
+from raysim.executors import gtest_chunks, lpt_assign
+from raysim.models import MODELS, PARTS, build_model
+from raysim.weights import ModelWeights, get_weights, set_weights
+from tests.conftest import tiny_config
+
+
+def test_weights_round_trip_every_model():
+    shapes = {"cnn3p2_fmnist": (1, 28, 28), "cnn3p2_cifar": (3, 32, 32), "mlp_fcd": (1, 28, 28), "cnn_fcd": (3, 32, 32), "cnn_pac": (1, 28, 28), "cnn_pac_cifar": (3, 32, 32)}
+    assert set(shapes) == set(MODELS)
+    for name, shape in shapes.items():
+        a, b = build_model(name, shape, 10, seed=1), build_model(name, shape, 10, seed=2)
+        wa = get_weights(a, PARTS)
+        assert not wa.equals(get_weights(b, PARTS))
+        set_weights(b, wa)
+        assert wa.equals(get_weights(b, PARTS))
+        assert all(arr.dtype == np.float32 and arr.flags.c_contiguous for _, arr in wa.items())
+        assert get_weights(build_model(name, shape, 10, seed=1), PARTS).equals(wa)  # seeded
+
+
+def test_weighted_mean_and_updates():
+    w = [ModelWeights(head=np.array([1.0, 2.0], np.float32)), ModelWeights(head=np.array([3.0, 6.0], np.float32))]
+    np.testing.assert_allclose(weighted_mean(w, [1, 3]).head, [2.5, 5.0])
+    delta = subtract(w[1], w[0])
+    np.testing.assert_allclose(delta.head, [2.0, 4.0])
+    np.testing.assert_allclose(apply_updates(w[1], [delta], [0.5]).head, [2.0, 4.0])
+
+
+def test_lpt_balances_and_is_deterministic():
+    costs = [10.0, 9.0, 8.0, 1.0, 1.0, 1.0]
+    bins = lpt_assign(costs, 2)
+    loads = [sum(c for c, b in zip(costs, bins) if b == k) for k in range(2)]
+    assert max(loads) <= 4 / 3 * sum(costs) / 2 and bins == lpt_assign(costs, 2)  # Graham's LPT bound
+    assert gtest_chunks(10, 3) == [(0, 3), (3, 6), (6, 10)]
+
+
+def test_client_sampling_is_seeded_per_round():
+    a = rng.sample_clients(0, 1, 100, 10)
+    assert a == rng.sample_clients(0, 1, 100, 10) and len(set(a)) == 10 and a == sorted(a)
+    assert a != rng.sample_clients(0, 2, 100, 10) and a != rng.sample_clients(1, 1, 100, 10)
+    assert rng.sample_clients(0, 1, 5, 10) == [0, 1, 2, 3, 4]
+
+
+def test_learning_rate_schedules():
+    from algorithms.base import make_algorithm
+
+    algo = make_algorithm(tiny_config(rounds=100, **{"train.lr": 0.01, "train.lr_decay": 0.99}))
+    assert algo.lr(1) == 0.01 and abs(algo.lr(3) - 0.01 * 0.99**2) < 1e-15
+    step = make_algorithm(tiny_config(rounds=320, **{"train.lr": 1.0, "train.lr_decay": 1.0, "train.lr_milestones": (0.5, 0.75)}))
+    assert [step.lr(r) for r in (160, 161, 240, 241)] == [1.0, 0.1, 0.1, 1.0 * 0.1 * 0.1]
