@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
 from raysim.aggregate import weighted_mean
-from raysim.client import ClientContext
-from raysim.models import GLOBAL_PARTS, SplitModel
-from raysim.train import LossFn, cross_entropy
-from raysim.weights import ModelWeights, set_weights
+from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
+
+if TYPE_CHECKING:
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class FedAvg(Algorithm[GlobalState]):
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective (FedProx adds its proximal term here)."""
+        from raysim.train import cross_entropy
+
         return cross_entropy
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:

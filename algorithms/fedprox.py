@@ -5,14 +5,19 @@ local objective adds the proximal term mu/2 * ||w - w^t||^2 to the loss, w^t the
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from algorithms.base import WeightsPayload, register
 from algorithms.fedavg import FedAvg
-from raysim.client import ClientContext
-from raysim.models import GLOBAL_PARTS, SplitModel
-from raysim.train import LossFn, cross_entropy
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -21,15 +26,15 @@ class FedProxConfig:
 
     def __post_init__(self) -> None:
         if self.mu < 0:
-            from raysim.errors import ConfigError
-
             raise ConfigError(f"FedProx's mu must be at least 0, not {self.mu}.")
 
 
 def proximal_term(model: SplitModel, anchor: list[torch.Tensor], parts: tuple[str, ...]) -> torch.Tensor:
     """sum over the parameters of ``parts`` of ||w - w_anchor||^2."""
+    import torch
+
     params = [p for part in parts for p in model.part(part).parameters()]
-    return torch.stack([(p - a).pow(2).sum() for p, a in zip(params, anchor)]).sum()
+    return torch.stack([(p - a).pow(2).sum() for p, a in zip(params, anchor, strict=True)]).sum()
 
 
 @register("fedprox")
@@ -37,6 +42,8 @@ class FedProx(FedAvg):
     Config = FedProxConfig
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        from raysim.train import cross_entropy
+
         mu = self.params.mu
         anchor = [p.detach().clone() for part in GLOBAL_PARTS for p in ctx.model.part(part).parameters()]
 

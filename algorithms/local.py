@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, register
-from raysim.client import ClientContext
-from raysim.models import GLOBAL_PARTS, SplitModel
-from raysim.weights import ModelWeights
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+
+if TYPE_CHECKING:
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def weighted_mean(weights: Sequence[ModelWeights], coeffs: Sequence[float]) -> M
 
     def avg(*arrays: np.ndarray) -> np.ndarray:
         acc = np.zeros(arrays[0].shape, dtype=np.float64)
-        for ck, a in zip(c, arrays):
+        for ck, a in zip(c, arrays, strict=True):
             acc += ck * a
         return acc.astype(np.float32)
 
@@ -38,12 +38,14 @@ def subtract(a: ModelWeights, b: ModelWeights) -> ModelWeights:
     return map_parts(lambda x, y: (x.astype(np.float64) - y).astype(np.float32), a, b)
 
 
-def apply_updates(base: ModelWeights, updates: Sequence[ModelWeights], coeffs: Sequence[float]) -> ModelWeights:
+def apply_updates(
+    base: ModelWeights, updates: Sequence[ModelWeights], coeffs: Sequence[float]
+) -> ModelWeights:
     """base - sum_k c_k * update_k (coefficients used as given, not normalised): Fed3+2p's Eq. 4."""
 
     def step(b: np.ndarray, *us: np.ndarray) -> np.ndarray:
         acc = b.astype(np.float64)
-        for ck, u in zip(coeffs, us):
+        for ck, u in zip(coeffs, us, strict=True):
             acc -= float(ck) * u
         return acc.astype(np.float32)
 

@@ -56,11 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="run.py", description="Run one federated-learning experiment with raysim.")
     p.add_argument("--config", help="YAML or TOML file with settings (an ExperimentConfig tree)")
     for name, (_, typ, help_) in FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=str, default=None, help=help_, metavar=typ.__name__.upper())
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=str,
+            default=None,
+            help=help_,
+            metavar=typ.__name__.upper(),
+        )
     p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
     p.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any setting, e.g. train.momentum=0.5 or algo.mu=0.1")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any setting, e.g. train.momentum=0.5 or algo.mu=0.1",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 

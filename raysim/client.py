@@ -9,9 +9,9 @@ give the same numbers.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from raysim import rng
 from raysim.config import ExperimentConfig
 from raysim.data import ArrayDataset, FederatedData
 from raysim.models import SplitModel, build_model
+from raysim.records import EvalPart, EvalTarget
 from raysim.train import (
     Batch,
     LossFn,
@@ -74,9 +75,7 @@ class ClientContext:
     def batches(self, epoch: int) -> Iterator[Batch]:
         """Shuffled mini-batches for ``epoch``, drawn from (seed, round, client, epoch)."""
         x, y = self.train_tensors()
-        g = torch.Generator().manual_seed(
-            rng.int_seed(self.cfg.seed, f"shuffle/{epoch}", self.rnd, self.cid)
-        )
+        g = torch.Generator().manual_seed(rng.int_seed(self.cfg.seed, f"shuffle/{epoch}", self.rnd, self.cid))
         order = torch.randperm(x.shape[0], generator=g).to(self.device)
         return iterate_batches(x, y, order, self.cfg.train.batch_size)
 
@@ -124,7 +123,9 @@ class ClientContext:
             after_backward=after_backward,
         )
 
-    def result(self, stats: TrainStats, weights: ModelWeights | None = None, extra: Any = None) -> ClientResult:
+    def result(
+        self, stats: TrainStats, weights: ModelWeights | None = None, extra: Any = None
+    ) -> ClientResult:
         return ClientResult(
             client=self.cid,
             num_samples=self.num_samples,
@@ -135,27 +136,12 @@ class ClientContext:
         )
 
 
-@dataclass(frozen=True)
-class ClientEval:
-    """Correct predictions of one client's P-Test (None where the model does not exist)."""
-
-    client: int
-    n_test: int
-    gm_correct: int | None
-    lm_correct: int | None
-
-
-@dataclass(frozen=True)
-class EvalReport:
-    clients: tuple[ClientEval, ...]
-    gtest_correct: int | None
-    gtest_total: int
-
-
 class ClientRuntime:
     """The client side of one worker (or of the whole serial run)."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algorithm: Algorithm[Any] | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, data: FederatedData, algorithm: Algorithm[Any] | None = None
+    ) -> None:
         self.cfg = cfg
         self.data = data
         self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
@@ -166,12 +152,38 @@ class ClientRuntime:
         self.initial_weights = get_weights(self.model, ("extractor", "filter", "head", "phead"))
         self.states: dict[int, Any] = {}
 
+    def warm_up(self) -> None:
+        """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
+        thread count, so that first-call costs (kernel selection, allocator growth, lazy imports)
+        fall in start-up rather than in round 1. Touches no state and no random stream."""
+        torch.set_num_threads(self.cfg.train_threads)
+        model = copy.deepcopy(self.model)
+        shape = self.data.train.input_shape
+        x = torch.zeros(self.cfg.train.batch_size, *shape, device=self.device)
+        y = torch.zeros(self.cfg.train.batch_size, dtype=torch.long, device=self.device)
+        t = self.cfg.train
+        local_train(
+            model,
+            lambda epoch: [(x, y)],
+            epochs=1,
+            parts=("extractor", "filter", "head", "phead"),
+            sgd=SGDConfig(t.lr, t.momentum, t.weight_decay),
+        )
+        model.eval()
+        predict(
+            model,
+            torch.zeros(min(self.cfg.eval.batch_size, 64), *shape, device=self.device),
+            self.cfg.eval.batch_size,
+        )
+
     def gather(self, ds: ArrayDataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.from_numpy(ds.x[idx]).to(self.device)
+        x = torch.from_numpy(ds.features(idx)).to(self.device)
         y = torch.from_numpy(ds.y[idx]).to(self.device)
         return x, y
 
-    def run_chain(self, rnd: int, clients: Sequence[int], payload: Any, prev: ClientResult | None) -> list[ClientResult]:
+    def run_chain(
+        self, rnd: int, clients: Sequence[int], payload: Any, prev: ClientResult | None
+    ) -> list[ClientResult]:
         """Train ``clients`` one after another; the first starts from ``payload`` (or, when this is a
         later segment of a chain, from ``prev``, the last result of the segment before)."""
         torch.set_num_threads(self.cfg.train_threads)
@@ -194,42 +206,31 @@ class ClientRuntime:
             prev = res
         return results
 
-    def evaluate(self, rnd: int, eval_payload: Any, clients: Sequence[int], gtest: tuple[int, int] | None) -> EvalReport:
-        """P-Test accuracy of the global and the personal model for ``clients``, and the global
-        model's correct count on G-Test samples ``gtest = (start, stop)``.
-
-        The global model predicts each needed test sample once: in ``matched`` mode the P-Tests are
-        drawn from G-Test, so one pass covers both.
-        """
+    def evaluate(
+        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+    ) -> EvalPart:
+        """The global model's correctness on ``targets`` (each test sample is predicted once, by
+        one worker) and the personalised models' correct counts on ``clients``' P-Tests."""
         torch.set_num_threads(self.cfg.train_threads)
-        data, bs = self.data, self.cfg.eval.batch_size
-        gm = self.algo.global_model(self.model, eval_payload)
-        gm_correct_p: dict[int, int] = {}
-        gtest_correct: int | None = None
-        gt_range = np.arange(*gtest) if gtest is not None else np.zeros(0, dtype=np.int64)
+        bs = self.cfg.eval.batch_size
+        global_correct: list[np.ndarray] = []
+        gm = self.algo.global_model(self.model, eval_payload) if targets else None
         if gm is not None:
             gm.eval()
-            shared_pool = data.ptest is data.gtest
-            needed = [data.client_test[c] for c in clients]
-            pool_idx = np.unique(np.concatenate(needed + ([gt_range] if shared_pool else []))) if needed or shared_pool else np.zeros(0, dtype=np.int64)
-            correct = self._correct_on(gm, data.ptest, pool_idx, bs)
-            for c in clients:
-                gm_correct_p[c] = int(correct[np.searchsorted(pool_idx, data.client_test[c])].sum())
-            if gtest is not None:
-                if shared_pool:
-                    gtest_correct = int(correct[np.searchsorted(pool_idx, gt_range)].sum())
-                else:
-                    gtest_correct = int(self._correct_on(gm, data.gtest, gt_range, bs).sum())
-        reports = []
+            for t in targets:
+                global_correct.append(self._correct_on(gm, getattr(self.data, t.pool), t.indices, bs))
+        personal: list[tuple[int, int | None]] = []
         for c in clients:
-            ctx = ClientContext(self, c, rnd)
-            pm = self.algo.personal_model(ctx, eval_payload)
-            lm_correct = None
-            if pm is not None:
-                pm.eval()
-                lm_correct = int(self._correct_on(self.algo.personal_forward(pm), data.ptest, data.client_test[c], bs).sum())
-            reports.append(ClientEval(c, int(data.client_test[c].size), gm_correct_p.get(c), lm_correct))
-        return EvalReport(tuple(reports), gtest_correct, int(gt_range.size))
+            pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
+            if pm is None:
+                personal.append((c, None))
+                continue
+            pm.eval()
+            forward = self.algo.personal_forward(pm)
+            personal.append(
+                (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
+            )
+        return EvalPart(tuple(global_correct), tuple(personal))
 
     def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:
         if idx.size == 0:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from raysim.errors import ConfigError
 
@@ -185,9 +187,7 @@ def from_dict(cls: type, data: Mapping[str, Any], where: str = "config") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(
-            f"Unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(known))})."
-        )
+        raise ConfigError(f"Unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(known))}).")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
     return cls(**kwargs)
 
@@ -280,9 +280,7 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.rounds < 1:
         raise ConfigError(f"The number of rounds must be at least 1, not {cfg.rounds}.")
     if cfg.data.dataset not in DATASETS:
-        raise ConfigError(
-            f"Unknown dataset {cfg.data.dataset!r} (known: {', '.join(DATASETS)})."
-        )
+        raise ConfigError(f"Unknown dataset {cfg.data.dataset!r} (known: {', '.join(DATASETS)}).")
     parse_partition(cfg.data.partition)
     parse_test_mode(cfg.data.test_mode)
     t = cfg.train

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from algorithms.base import Job, JobResult, algorithm_class
-from raysim.client import ClientEval, ClientRuntime, EvalReport
+from algorithms.base import ClientStats, Job, JobResult, algorithm_class
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
-from raysim.server import RoundStats, ServerHost, client_stats
+from raysim.errors import ConfigError
+from raysim.records import ClientEval, EvalPart, EvalReport, EvalTarget, RoundStats
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +53,48 @@ def lpt_assign(costs: Sequence[float], bins: int, loads: list[float] | None = No
     return out
 
 
-def merge_reports(reports: Sequence[EvalReport]) -> EvalReport:
-    clients: list[ClientEval] = sorted((c for r in reports for c in r.clients), key=lambda c: c.client)
-    gt = [r.gtest_correct for r in reports if r.gtest_correct is not None]
-    return EvalReport(
-        clients=tuple(clients),
-        gtest_correct=sum(gt) if gt else None,
-        gtest_total=sum(r.gtest_total for r in reports),
+def eval_targets(data: FederatedData) -> list[EvalTarget]:
+    """What the global model must predict: the union of the clients' P-Tests and, when P-Tests are
+    not drawn from G-Test (``split`` mode), G-Test too. In ``matched`` mode one pass over G-Test
+    gives both ``gm_gtest`` and every ``gm_ptest``."""
+    ptest_union = np.unique(np.concatenate(data.client_test)) if data.num_clients else np.zeros(0, np.int64)
+    all_gtest = np.arange(len(data.gtest))
+    if data.ptest is data.gtest:
+        return [EvalTarget("ptest", np.union1d(ptest_union, all_gtest))]
+    return [EvalTarget("ptest", ptest_union), EvalTarget("gtest", all_gtest)]
+
+
+def split_targets(targets: Sequence[EvalTarget], parts: int) -> list[list[EvalTarget]]:
+    """Each target cut into ``parts`` contiguous chunks, one list per worker."""
+    out: list[list[EvalTarget]] = [[] for _ in range(parts)]
+    for t in targets:
+        for w, chunk in enumerate(np.array_split(t.indices, parts)):
+            out[w].append(EvalTarget(t.pool, chunk))
+    return out
+
+
+def assemble_report(
+    data: FederatedData, targets: Sequence[EvalTarget], parts: Sequence[EvalPart], has_global: bool
+) -> EvalReport:
+    """Per-client and G-Test counts from the workers' parts (``parts[w]`` answered
+    ``split_targets(targets, len(parts))[w]``)."""
+    bits = {"ptest": np.zeros(len(data.ptest), bool), "gtest": np.zeros(len(data.gtest), bool)}
+    for chunks, part in zip(split_targets(targets, len(parts)), parts, strict=True):
+        for t, correct in zip(chunks, part.global_correct, strict=True):
+            bits[t.pool][t.indices] = correct
+    if data.ptest is data.gtest:
+        bits["gtest"] = bits["ptest"]
+    personal = dict(p for part in parts for p in part.personal_correct)
+    clients = tuple(
+        ClientEval(
+            client=c,
+            n_test=int(data.client_test[c].size),
+            gm_correct=int(bits["ptest"][data.client_test[c]].sum()) if has_global else None,
+            lm_correct=personal.get(c),
+        )
+        for c in range(data.num_clients)
     )
-
-
-def gtest_chunks(n: int, parts: int) -> list[tuple[int, int]]:
-    edges = np.linspace(0, n, parts + 1).astype(int)
-    return [(int(edges[i]), int(edges[i + 1])) for i in range(parts)]
+    return EvalReport(clients, int(bits["gtest"].sum()) if has_global else None, len(data.gtest))
 
 
 class SerialExecutor:
@@ -76,21 +105,29 @@ class SerialExecutor:
     def __init__(self, cfg: ExperimentConfig, data: FederatedData) -> None:
         import torch
 
+        from raysim.client import ClientRuntime
+        from raysim.server import ServerHost
+
         torch.set_num_threads(cfg.train_threads)
         self.cfg = cfg
         self.data = data
-        self.server = ServerHost(cfg, client_stats(data.train_label_counts()), data.train.input_shape, data.num_classes)
+        stats = ClientStats.from_label_counts(data.train_label_counts())
+        self.server = ServerHost(cfg, stats, data.train.input_shape, data.num_classes)
         self.runtime = ClientRuntime(cfg, data)
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
-        results = [JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None))) for job in jobs]
+        results = [
+            JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None))) for job in jobs
+        ]
         return self.server.aggregate(rnd, results)
 
     def evaluate(self, rnd: int) -> EvalReport:
-        clients = range(self.data.num_clients)
-        gtest = (0, len(self.data.gtest)) if self.runtime.algo.has_global_model else None
-        return self.runtime.evaluate(rnd, self.server.eval_payload(), list(clients), gtest)
+        algo = self.runtime.algo
+        targets = eval_targets(self.data) if algo.has_global_model else []
+        clients = list(range(self.data.num_clients)) if algo.has_personal_model else []
+        part = self.runtime.evaluate(rnd, self.server.eval_payload(), targets, clients)
+        return assemble_report(self.data, targets, [part], algo.has_global_model)
 
     def shutdown(self) -> None:
         pass
@@ -101,38 +138,54 @@ class SerialExecutor:
 
 
 class ClientWorker:
-    """A client-worker actor: hosts the clients whose home it is (and runs stateless jobs)."""
+    """A client-worker actor: hosts the clients whose home it is (and runs stateless jobs).
+
+    The constructor only keeps its arguments; :meth:`setup` builds the runtime, so that bad input
+    found there (a model that does not fit the data) reaches the driver as its ConfigError."""
 
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, index: int) -> None:
+        self.cfg, self.data, self.index = cfg, data, index
+
+    def setup(self) -> str:
+        from raysim.client import ClientRuntime
         from raysim.logs import setup_worker_logging
 
         setup_worker_logging()
-        self.index = index
-        self.runtime = ClientRuntime(cfg, data)
-
-    def ready(self) -> str:
+        self.runtime = ClientRuntime(self.cfg, self.data)
+        self.runtime.warm_up()
         return str(self.runtime.device)
 
     def run_chain(self, rnd: int, clients: Sequence[int], payload: Any, prev: Any) -> list[Any]:
         last = prev[-1] if prev else None
         return self.runtime.run_chain(rnd, clients, payload, last)
 
-    def evaluate(self, rnd: int, eval_payload: Any, clients: Sequence[int], gtest: tuple[int, int] | None) -> EvalReport:
-        return self.runtime.evaluate(rnd, eval_payload, clients, gtest)
+    def evaluate(
+        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+    ) -> EvalPart:
+        return self.runtime.evaluate(rnd, eval_payload, targets, clients)
 
 
 class ServerActor:
     """The server actor: a :class:`ServerHost` whose payloads go into the object store once."""
 
-    def __init__(self, cfg: ExperimentConfig, stats: Any, input_shape: Sequence[int], num_classes: int) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, stats: ClientStats, input_shape: Sequence[int], num_classes: int
+    ) -> None:
+        self.args = (cfg, stats, tuple(input_shape), num_classes)
+        self._jobs: list[Job] = []
+
+    def setup(self) -> None:
+        import numpy as np
+        import ray
         import torch
 
         from raysim.logs import setup_worker_logging
+        from raysim.server import ServerHost
 
         setup_worker_logging()
         torch.set_num_threads(1)
-        self.host = ServerHost(cfg, stats, input_shape, num_classes)
-        self._jobs: list[Job] = []
+        self.host = ServerHost(*self.args)
+        ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
 
     def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
         import ray
@@ -151,7 +204,7 @@ class ServerActor:
         import ray
 
         results = []
-        for job, refs in zip(self._jobs, segment_refs):
+        for job, refs in zip(self._jobs, segment_refs, strict=True):
             links = [r for seg in ray.get(list(refs)) for r in seg]
             results.append(JobResult(job, tuple(links)))
         return self.host.aggregate(rnd, results)
@@ -168,30 +221,36 @@ class RayExecutor:
 
         self.cfg = cfg
         self.num_workers = num_workers
-        self.num_clients = data.num_clients
-        self.num_gtest = len(data.gtest)
         algo_cls = algorithm_class(cfg.algo)
         self.pinned = algo_cls.pins_clients
         self.has_global = algo_cls.has_global_model
+        self.has_personal = algo_cls.has_personal_model
         sizes = [int(s.size) for s in data.client_train]
         self.sizes = sizes
         self.home = lpt_assign([float(s) for s in sizes], num_workers)
-        data_ref = ray.put(data)  # once; workers read the arrays zero-copy
-        stats = client_stats(data.train_label_counts())
-        worker_cls = ray.remote(ClientWorker)
-        self.workers = [
+        data_ref = self.data_ref = ray.put(data)  # once; workers read the arrays zero-copy
+        # the driver keeps the object-store copy too, not a private one of its own
+        self.data: FederatedData = ray.get(data_ref)
+        stats = ClientStats.from_label_counts(data.train_label_counts())
+        worker_cls: Any = ray.remote(ClientWorker)
+        self.workers: list[Any] = [
             worker_cls.options(
                 num_cpus=cfg.ray.cpus_per_worker,
                 num_gpus=cfg.ray.gpus_per_worker,
                 scheduling_strategy="SPREAD",
-                name=None,
             ).remote(cfg, data_ref, i)
             for i in range(num_workers)
         ]
-        self.server = ray.remote(ServerActor).options(num_cpus=0).remote(
+        server_cls: Any = ray.remote(ServerActor)
+        self.server = server_cls.options(num_cpus=0).remote(
             cfg, stats, data.train.input_shape, data.num_classes
         )
-        devices = ray.get([w.ready.remote() for w in self.workers])
+        try:
+            devices = ray.get([w.setup.remote() for w in self.workers] + [self.server.setup.remote()])[:-1]
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ConfigError):
+                raise e.cause from None
+            raise
         log.info("%d client workers ready (%s)", num_workers, ", ".join(sorted(set(devices))))
 
     def _placement(self, jobs: Sequence[Job]) -> list[list[tuple[int, int, int]]]:
@@ -236,13 +295,15 @@ class RayExecutor:
         import ray
 
         payload = self.server.eval_payload.remote()
-        chunks = gtest_chunks(self.num_gtest, self.num_workers)
+        targets = eval_targets(self.data) if self.has_global else []
+        chunks = split_targets(targets, self.num_workers)
         futures = []
         for w, worker in enumerate(self.workers):
-            clients = [c for c in range(self.num_clients) if self.home[c] == w]
-            gtest = chunks[w] if self.has_global else None
-            futures.append(worker.evaluate.remote(rnd, payload, clients, gtest))
-        return merge_reports(ray.get(futures))
+            clients = (
+                [c for c in range(self.data.num_clients) if self.home[c] == w] if self.has_personal else []
+            )
+            futures.append(worker.evaluate.remote(rnd, payload, chunks[w], clients))
+        return assemble_report(self.data, targets, ray.get(futures), self.has_global)
 
     def shutdown(self) -> None:
         import ray

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from raysim.client import EvalReport
+from raysim.records import EvalReport
 
 METRICS = ("gm_gtest", "gm_ptest", "lm_ptest")
 
 
 def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
-    pairs = [(c, n) for c, n in zip(correct, totals) if c is not None and n > 0]
+    pairs = [(c, n) for c, n in zip(correct, totals, strict=True) if c is not None and n > 0]
     if not pairs:
         return {"mean": None, "weighted": None, "std": None}
     acc = np.array([c / n for c, n in pairs])

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, PARTS
 
-PARTS = ("extractor", "filter", "head", "phead")
-GLOBAL_PARTS = ("extractor", "filter", "head")
+__all__ = ["GLOBAL_PARTS", "MODELS", "PARTS", "SplitModel", "build_model", "check_model_name"]
 
 
 class SplitModel(nn.Module):
@@ -71,12 +71,16 @@ def _flat_dim(module: nn.Module, input_shape: Sequence[int]) -> int:
 
 
 def _conv_stack(
-    in_ch: int, channels: Sequence[int], kernel: int, act: Callable[[], nn.Module], padding: int = 0,
+    in_ch: int,
+    channels: Sequence[int],
+    kernel: int,
+    act: Callable[[], nn.Module],
+    padding: int = 0,
     pool_after: Sequence[bool] | None = None,
 ) -> list[nn.Module]:
     layers: list[nn.Module] = []
     pools = pool_after if pool_after is not None else [True] * len(channels)
-    for out_ch, pool in zip(channels, pools):
+    for out_ch, pool in zip(channels, pools, strict=True):
         layers += [nn.Conv2d(in_ch, out_ch, kernel, padding=padding), act()]
         if pool:
             layers.append(nn.MaxPool2d(2))
@@ -84,20 +88,26 @@ def _conv_stack(
     return layers
 
 
-def _with_fc(convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module) -> tuple[nn.Sequential, int]:
+def _with_fc(
+    convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module
+) -> tuple[nn.Sequential, int]:
     """convs, flatten, then FC ``width`` + act: the extractor of FedFCD's and FedPAC's CNNs."""
     body = nn.Sequential(*convs, nn.Flatten())
     flat = _flat_dim(body, input_shape)
     return nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, width), act), width
 
 
-def cnn3p2(input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int) -> SplitModel:
+def cnn3p2(
+    input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int
+) -> SplitModel:
     """Fed3+2p's ConvNet (seed 002, "Backbones"): convolutions with ReLU and max-pool as the
     extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head."""
     pools = [True] * len(channels)
     if len(channels) == 3:  # the CIFAR net: conv-pool, conv-pool, conv
         pools[-1] = False
-    extractor = nn.Sequential(*_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools), nn.Flatten())
+    extractor = nn.Sequential(
+        *_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools), nn.Flatten()
+    )
     d = _flat_dim(extractor, input_shape)
     filt = nn.Sequential(nn.Linear(d, hidden), nn.ReLU())
     return SplitModel(extractor, filt, nn.Linear(hidden, num_classes), d, num_classes)

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from raysim.config import ExperimentConfig, dump_yaml
-from raysim.server import RoundStats
+from raysim.records import RoundStats
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +83,16 @@ class TableWriter(BaseCallback):
 
 
 class TensorBoardWriter(BaseCallback):
-    """TensorBoard scalars: ``accuracy/*`` at evaluated rounds, ``train/*``, ``time/*``, ``comm/*``
-    and ``algo/*`` every round."""
+    """TensorBoard: ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds;
+    ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every round."""
 
     def __init__(self) -> None:
         self.writer: Any = None
 
     def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from raysim.tensorboard import EventWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self.writer = EventWriter(run_dir / "tb")
         self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
 
     def on_round(self, stats: RoundStats, round_time: float) -> None:
@@ -107,6 +109,10 @@ class TensorBoardWriter(BaseCallback):
         for key, value in row.items():
             if key.startswith(("gm_", "lm_")) and value is not None:
                 self.writer.add_scalar(f"accuracy/{key}", value, rnd)
+        for m in ("gm_ptest", "lm_ptest"):
+            values = [c[m] for c in clients if c[m] is not None]
+            if values:
+                self.writer.add_histogram(f"clients/{m}", np.array(values), rnd)
         self.writer.add_scalar("time/eval_s", row["eval_time_s"], rnd)
         self.writer.flush()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from raysim.data import FederatedData, build_federated_data
 from raysim.errors import ConfigError
 from raysim.executors import Executor, RayExecutor, SerialExecutor
 from raysim.metrics import MetricHistory, client_rows, summarize
-from raysim.models import build_model, check_model_name
 from raysim.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
 
 log = logging.getLogger(__name__)
@@ -51,27 +51,42 @@ class RunResult:
         }
 
 
-def prepare(cfg: ExperimentConfig) -> FederatedData:
-    """Validate everything that needs no cluster, then load and partition the data."""
+def check_config(cfg: ExperimentConfig) -> None:
+    """Everything about ``cfg`` that can be checked without data or a cluster. (The model is built,
+    and so checked against the data, where it runs: in the serial executor or the Ray workers; the
+    driver never imports PyTorch.)"""
     validate(cfg)
     algorithm_params(cfg)  # unknown algorithm or parameter
-    check_model_name(cfg.model)
-    data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
-    build_model(cfg.model, data.train.input_shape, data.num_classes, 0)  # the model fits the data
-    return data
 
 
-def make_executor(cfg: ExperimentConfig, data: FederatedData) -> tuple[Executor, bool]:
-    """The configured executor, and whether Ray was started here (and must be stopped)."""
+def prepare(cfg: ExperimentConfig) -> FederatedData:
+    """Check ``cfg``, then load and partition the data."""
+    check_config(cfg)
+    return build_federated_data(cfg.data, cfg.clients, cfg.seed)
+
+
+def start(cfg: ExperimentConfig, data: FederatedData | None = None) -> tuple[Executor, FederatedData, bool]:
+    """The configured executor on the prepared data, and whether Ray was started here (and must be
+    stopped). Local Ray starts while the data loads in a thread (both are mostly waiting)."""
     if cfg.ray.executor == "serial":
-        return SerialExecutor(cfg, data), False
+        data = prepare(cfg) if data is None else data
+        return SerialExecutor(cfg, data), data, False
     from raysim import ray_env
 
-    started = ray_env.start_ray(cfg)
+    check_config(cfg)
+    started = False
     try:
+        with ThreadPoolExecutor(1) as pool:
+            loading = pool.submit(prepare, cfg) if data is None else None
+            try:
+                started = ray_env.start_ray(cfg)
+            finally:
+                data = loading.result() if loading is not None else data
+        assert data is not None
         workers = ray_env.default_workers(cfg)
         ray_env.check_resources(cfg, workers)
-        return RayExecutor(cfg, data, workers), started
+        executor = RayExecutor(cfg, data, workers)
+        return executor, executor.data, started
     except BaseException:
         if started:
             ray_env.stop_ray()
@@ -90,13 +105,12 @@ def run_experiment(
 ) -> RunResult:
     """Run ``cfg`` from round 1 to ``cfg.rounds``; write the run directory; return the metrics."""
     t0 = time.perf_counter()
-    data = prepare(cfg) if data is None else data
+    executor, data, started_ray = start(cfg, data)
     run_dir = default_run_dir(cfg)
     writers: list[Callback] = [TableWriter()]
     if cfg.output.tensorboard:
         writers.append(TensorBoardWriter())
     all_callbacks = [*writers, *callbacks]
-    executor, started_ray = make_executor(cfg, data)
     rows: list[dict[str, Any]] = []
     train_time = eval_time = 0.0
     setup_time = time.perf_counter() - t0
@@ -151,4 +165,4 @@ def run_experiment(
     return result
 
 
-__all__ = ["ConfigError", "RunResult", "make_executor", "prepare", "run_experiment"]
+__all__ = ["ConfigError", "RunResult", "check_config", "prepare", "run_experiment", "start"]

@@ -10,35 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from algorithms.base import Algorithm, ClientStats, Job, JobResult, ServerContext, make_algorithm
 from raysim import rng
 from raysim.config import ExperimentConfig
-from raysim.models import PARTS, build_model
-from raysim.weights import get_weights
+from raysim.models import build_model
+from raysim.records import RoundStats
+from raysim.weights import PARTS, get_weights
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    """What the driver learns of a round: small numbers only."""
-
-    rnd: int
-    clients: int
-    train_loss: float  # sample-weighted mean over the round's clients
-    num_samples: int
-    bytes_down: int
-    bytes_up: int
-    scalars: tuple[tuple[str, float], ...] = ()
-
-
-def client_stats(label_counts: np.ndarray) -> ClientStats:
-    return ClientStats(train_sizes=label_counts.sum(axis=1), label_counts=label_counts)
 
 
 class ServerHost:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from raysim.models import PARTS, SplitModel
+from raysim.models import SplitModel
+from raysim.weights import PARTS
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -95,7 +96,9 @@ def local_train(
     return TrainStats(mean, steps, samples)
 
 
-def iterate_batches(x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch_size: int) -> Iterator[Batch]:
+def iterate_batches(
+    x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch_size: int
+) -> Iterator[Batch]:
     """Mini-batches of (x, y) in the order of ``order`` (the last one may be smaller)."""
     for start in range(0, order.numel(), batch_size):
         idx = order[start : start + batch_size]
@@ -103,7 +106,9 @@ def iterate_batches(x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch
 
 
 @torch.inference_mode()
-def predict(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int) -> torch.Tensor:
+def predict(
+    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int
+) -> torch.Tensor:
     """argmax of ``forward`` over ``x`` in batches, on x's device."""
     out = []
     for start in range(0, x.shape[0], batch_size):

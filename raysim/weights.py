@@ -10,12 +10,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from raysim.models import PARTS, SplitModel
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models import SplitModel
+
+#: the named parts of every model (raysim.models.SplitModel)
+PARTS = ("extractor", "filter", "head", "phead")
+#: the parts of the global path extractor -> filter -> head
+GLOBAL_PARTS = ("extractor", "filter", "head")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +53,9 @@ class ModelWeights:
 
     def merged(self, other: ModelWeights) -> ModelWeights:
         """These weights with ``other``'s parts put over them."""
-        return ModelWeights(**{p: getattr(other, p) if getattr(other, p) is not None else getattr(self, p) for p in PARTS})
+        return ModelWeights(
+            **{p: getattr(other, p) if getattr(other, p) is not None else getattr(self, p) for p in PARTS}
+        )
 
     def equals(self, other: ModelWeights) -> bool:
         if self.part_names != other.part_names:
@@ -59,6 +68,8 @@ def _float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:
+    import torch
+
     tensors = _float_tensors(model.part(part))
     if not tensors:
         return np.zeros(0, dtype=np.float32)
@@ -71,6 +82,8 @@ def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
     total = sum(t.numel() for t in tensors)
     if flat.size != total:
         raise ValueError(f"part {part} has {total} values, got {flat.size}")
+    import torch
+
     with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
         warnings.simplefilter("ignore", UserWarning)
         src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
@@ -106,7 +119,7 @@ def payload_nbytes(obj: Any) -> int:
         return 0
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
-    if isinstance(obj, torch.Tensor):
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):  # a torch.Tensor
         return int(obj.numel() * obj.element_size())
     if isinstance(obj, ModelWeights):
         return obj.nbytes

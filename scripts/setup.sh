@@ -2,7 +2,7 @@
 # Set raysim up on this machine, then (optionally) do one thing:
 #   bash scripts/setup.sh          set up only
 #   bash scripts/setup.sh run      set up, then a short 100-client Fashion-MNIST run on local Ray
-#   bash scripts/setup.sh test     set up, then the default test suite (what CI runs)
+#   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (what CI runs)
 #   bash scripts/setup.sh lint     set up, then ruff and mypy
 # Setup: a virtual environment in .venv, PyTorch, raysim with its dev extra, and Fashion-MNIST
 # (Debian's dataset-fashion-mnist where apt is available, else torchvision's download into data/).
@@ -63,6 +63,8 @@ case "${1:-}" in
       --rounds 5 --local-epochs 1 --eval-every 1 "$@" ;;
   test)
     shift
+    "$VPY" -m ruff check raysim algorithms scripts tests
+    "$VPY" -m mypy raysim algorithms
     exec "$VPY" -m pytest -q "$@" ;;
   lint)
     "$VPY" -m ruff check raysim algorithms scripts tests

@@ -53,7 +53,9 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_to_the_global_model(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
     assert strip(base.rows) == strip(prox0.rows)
     far = _upload_distance(tiny_config(tmp_path, algo="fedprox", **{"algo.mu": 0.0, "train.local_epochs": 3}))
-    near = _upload_distance(tiny_config(tmp_path, algo="fedprox", **{"algo.mu": 5.0, "train.local_epochs": 3}))
+    near = _upload_distance(
+        tiny_config(tmp_path, algo="fedprox", **{"algo.mu": 5.0, "train.local_epochs": 3})
+    )
     assert near < 0.5 * far
 
 

@@ -48,7 +48,7 @@ class ChainToy(FedAvg):
         (job,) = results
         assert [r.client for r in job.results] == list(job.job.clients)
         assert job.results[0].extra.weights.equals(state.weights)
-        for before, after in zip(job.results, job.results[1:]):
+        for before, after in zip(job.results, job.results[1:], strict=False):
             assert after.extra.weights.equals(before.weights), "a link did not start from the previous one"
             assert not np.array_equal(after.weights.head, before.weights.head)
             self.links_checked += 1

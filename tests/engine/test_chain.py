@@ -32,12 +32,14 @@ def test_chain_trains_in_the_given_order_on_one_model(tmp_path):
 def test_chain_across_ray_workers_equals_serial(tmp_path, ray_local):
     cfg = tiny_config(tmp_path / "s", algo=TOY, rounds=2)
     serial = run_experiment(cfg)
-    from raysim.executors import lpt_assign
     from raysim.data import build_federated_data
+    from raysim.executors import lpt_assign
 
     data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
     homes = lpt_assign([float(len(i)) for i in data.client_train], 2)
     assert len(set(homes)) == 2  # the chain really crosses workers
-    ray_run = run_experiment(tiny_config(tmp_path / "r", algo=TOY, rounds=2, **{"ray.executor": "ray", "ray.workers": 2}))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", algo=TOY, rounds=2, **{"ray.executor": "ray", "ray.workers": 2})
+    )
     strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
     assert strip(ray_run.rows) == strip(serial.rows)

@@ -56,7 +56,20 @@ def test_bad_input_gives_one_sentence_and_exit_2(args, needle, tmp_path):
 def test_dataset_missing_offline(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = run_cli(["--dataset", "cifar10", "--model", "cnn3p2_cifar", "--data-dir", str(empty), "--no-download", "--executor", "serial"], tmp_path)
+    proc = run_cli(
+        [
+            "--dataset",
+            "cifar10",
+            "--model",
+            "cnn3p2_cifar",
+            "--data-dir",
+            str(empty),
+            "--no-download",
+            "--executor",
+            "serial",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("raysim: error: ") and "CIFAR-10" in last and "Traceback" not in proc.stderr
@@ -68,4 +81,27 @@ def test_unreachable_ray_address(tmp_path):
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("raysim: error: The Ray cluster at 127.0.0.1:1 cannot be reached"), last
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.ray
+def test_model_that_does_not_fit_reaches_the_cli_from_a_ray_worker(tmp_path):
+    """The model is built on the workers (the driver never imports PyTorch); the worker's
+    ConfigError still ends the run with one sentence and exit 2."""
+    args = [
+        *SYNTH[:-3],
+        "--no-progress",
+        "--model",
+        "cnn3p2_fmnist",
+        "--workers",
+        "1",
+        "--set",
+        "data.synthetic.shape=1,6,6",
+    ]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("raysim: error: The model cnn3p2_fmnist does not fit inputs of shape (1, 6, 6)"), (
+        last
+    )
     assert "Traceback" not in proc.stderr

@@ -10,18 +10,28 @@ from raysim.errors import ConfigError
 
 
 def test_yaml_and_toml_files_then_flags_then_set(tmp_path):
-    (tmp_path / "a.yaml").write_text("algo: fedprox\nclients: 30\ntrain:\n  lr: 0.2\nalgo_params:\n  mu: 0.5\n")
-    (tmp_path / "a.toml").write_text('algo = "fedprox"\nclients = 30\n[train]\nlr = 0.2\n[algo_params]\nmu = 0.5\n')
+    (tmp_path / "a.yaml").write_text(
+        "algo: fedprox\nclients: 30\ntrain:\n  lr: 0.2\nalgo_params:\n  mu: 0.5\n"
+    )
+    (tmp_path / "a.toml").write_text(
+        'algo = "fedprox"\nclients = 30\n[train]\nlr = 0.2\n[algo_params]\nmu = 0.5\n'
+    )
     for name in ("a.yaml", "a.toml"):
         cfg = config_from_args(["--config", str(tmp_path / name), "--clients", "40", "--set", "train.lr=0.3"])
         assert cfg.algo == "fedprox" and cfg.clients == 40 and cfg.train.lr == 0.3
         assert cfg.algo_params == {"mu": 0.5}
     cfg = config_from_args(["--set", "algo.mu=0.7", "--partition", "shard:3", "--gpus-per-worker", "0.25"])
-    assert cfg.algo_params == {"mu": "0.7"} and cfg.data.partition == "shard:3" and cfg.ray.gpus_per_worker == 0.25
+    assert (
+        cfg.algo_params == {"mu": "0.7"}
+        and cfg.data.partition == "shard:3"
+        and cfg.ray.gpus_per_worker == 0.25
+    )
 
 
 def test_round_trip_and_frozen():
-    cfg = replace(ExperimentConfig(), **{"train.lr_milestones": (0.5, 0.75), "data.synthetic.shape": (3, 8, 8)})
+    cfg = replace(
+        ExperimentConfig(), **{"train.lr_milestones": (0.5, 0.75), "data.synthetic.shape": (3, 8, 8)}
+    )
     again = from_dict(ExperimentConfig, to_dict(cfg))
     assert again == cfg
     with pytest.raises(AttributeError):
@@ -30,7 +40,14 @@ def test_round_trip_and_frozen():
 
 @pytest.mark.parametrize(
     "changes",
-    [{"clients": 0}, {"participation": 0.0}, {"rounds": 0}, {"train.batch_size": 0}, {"ray.executor": "dask"}, {"data.test_mode": "nope"}],
+    [
+        {"clients": 0},
+        {"participation": 0.0},
+        {"rounds": 0},
+        {"train.batch_size": 0},
+        {"ray.executor": "dask"},
+        {"data.test_mode": "nope"},
+    ],
 )
 def test_validate_rejects(changes):
     with pytest.raises(ConfigError):
@@ -38,7 +55,10 @@ def test_validate_rejects(changes):
 
 
 def test_partition_specs():
-    assert (parse_partition("dirichlet:0.3").kind, parse_partition("dirichlet:0.3").param) == ("dirichlet", 0.3)
+    assert (parse_partition("dirichlet:0.3").kind, parse_partition("dirichlet:0.3").param) == (
+        "dirichlet",
+        0.3,
+    )
     assert parse_partition("pathological").param == 2
     for bad in ("dirichlet", "dirichlet:0", "shard:1.5", "iid:3", "zipf:2"):
         with pytest.raises(ConfigError):

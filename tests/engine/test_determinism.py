@@ -33,7 +33,9 @@ def test_local_serial_equals_ray(tmp_path, ray_local):
     """Local keeps each client's model on its home worker between rounds."""
     cfg = tiny_config(tmp_path / "s", algo="local", rounds=3)
     serial = run_experiment(cfg)
-    ray_run = run_experiment(tiny_config(tmp_path / "r", algo="local", rounds=3, **{"ray.executor": "ray", "ray.workers": 2}))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", algo="local", rounds=3, **{"ray.executor": "ray", "ray.workers": 2})
+    )
     assert _metrics(ray_run) == _metrics(serial)
 
 

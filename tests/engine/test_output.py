@@ -47,11 +47,20 @@ def test_cli_run_writes_tables_tensorboard_and_json(tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(out / "tb"))
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"histograms": 0, "scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"accuracy/gm_gtest", "accuracy/gm_ptest", "train/loss", "time/round_s", "comm/bytes_down", "comm/bytes_up"} <= tags
+    assert {
+        "accuracy/gm_gtest",
+        "accuracy/gm_ptest",
+        "train/loss",
+        "time/round_s",
+        "comm/bytes_down",
+        "comm/bytes_up",
+    } <= tags
     gm = acc.Scalars("accuracy/gm_gtest")
     assert [e.step for e in gm] == [2, 4]
     assert abs(gm[-1].value - summary["final"]["gm_gtest"]) < 1e-6
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4]
+    hist = acc.Histograms("clients/gm_ptest")
+    assert [h.step for h in hist] == [2, 4] and hist[-1].histogram_value.num == 6

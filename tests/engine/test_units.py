@@ -6,14 +6,22 @@ import numpy as np
 
 from raysim import rng
 from raysim.aggregate import apply_updates, subtract, weighted_mean
-from raysim.executors import gtest_chunks, lpt_assign
+from raysim.client import EvalTarget
+from raysim.executors import lpt_assign, split_targets
 from raysim.models import MODELS, PARTS, build_model
 from raysim.weights import ModelWeights, get_weights, set_weights
 from tests.conftest import tiny_config
 
 
 def test_weights_round_trip_every_model():
-    shapes = {"cnn3p2_fmnist": (1, 28, 28), "cnn3p2_cifar": (3, 32, 32), "mlp_fcd": (1, 28, 28), "cnn_fcd": (3, 32, 32), "cnn_pac": (1, 28, 28), "cnn_pac_cifar": (3, 32, 32)}
+    shapes = {
+        "cnn3p2_fmnist": (1, 28, 28),
+        "cnn3p2_cifar": (3, 32, 32),
+        "mlp_fcd": (1, 28, 28),
+        "cnn_fcd": (3, 32, 32),
+        "cnn_pac": (1, 28, 28),
+        "cnn_pac_cifar": (3, 32, 32),
+    }
     assert set(shapes) == set(MODELS)
     for name, shape in shapes.items():
         a, b = build_model(name, shape, 10, seed=1), build_model(name, shape, 10, seed=2)
@@ -26,7 +34,10 @@ def test_weights_round_trip_every_model():
 
 
 def test_weighted_mean_and_updates():
-    w = [ModelWeights(head=np.array([1.0, 2.0], np.float32)), ModelWeights(head=np.array([3.0, 6.0], np.float32))]
+    w = [
+        ModelWeights(head=np.array([1.0, 2.0], np.float32)),
+        ModelWeights(head=np.array([3.0, 6.0], np.float32)),
+    ]
     np.testing.assert_allclose(weighted_mean(w, [1, 3]).head, [2.5, 5.0])
     delta = subtract(w[1], w[0])
     np.testing.assert_allclose(delta.head, [2.0, 4.0])
@@ -36,9 +47,14 @@ def test_weighted_mean_and_updates():
 def test_lpt_balances_and_is_deterministic():
     costs = [10.0, 9.0, 8.0, 1.0, 1.0, 1.0]
     bins = lpt_assign(costs, 2)
-    loads = [sum(c for c, b in zip(costs, bins) if b == k) for k in range(2)]
+    loads = [sum(c for c, b in zip(costs, bins, strict=True) if b == k) for k in range(2)]
     assert max(loads) <= 4 / 3 * sum(costs) / 2 and bins == lpt_assign(costs, 2)  # Graham's LPT bound
-    assert gtest_chunks(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    chunks = split_targets([EvalTarget("ptest", np.arange(10)), EvalTarget("gtest", np.arange(4))], 3)
+    assert [[t.indices.tolist() for t in w] for w in chunks] == [
+        [[0, 1, 2, 3], [0, 1]],
+        [[4, 5, 6], [2]],
+        [[7, 8, 9], [3]],
+    ]
 
 
 def test_client_sampling_is_seeded_per_round():
@@ -53,5 +69,9 @@ def test_learning_rate_schedules():
 
     algo = make_algorithm(tiny_config(rounds=100, **{"train.lr": 0.01, "train.lr_decay": 0.99}))
     assert algo.lr(1) == 0.01 and abs(algo.lr(3) - 0.01 * 0.99**2) < 1e-15
-    step = make_algorithm(tiny_config(rounds=320, **{"train.lr": 1.0, "train.lr_decay": 1.0, "train.lr_milestones": (0.5, 0.75)}))
+    step = make_algorithm(
+        tiny_config(
+            rounds=320, **{"train.lr": 1.0, "train.lr_decay": 1.0, "train.lr_milestones": (0.5, 0.75)}
+        )
+    )
     assert [step.lr(r) for r in (160, 161, 240, 241)] == [1.0, 0.1, 0.1, 1.0 * 0.1 * 0.1]

@@ -1,0 +1,146 @@
+"""The federated view of a dataset: who trains on what, who tests on what (ALGORITHMS.md).
+
+:func:`build_federated_data` loads the dataset, partitions it over the clients and gives each client
+a local test set (P-Test); the official test set is kept whole as G-Test. Clients hold index arrays
+into shared arrays, so the data goes into Ray's object store once, images as raw uint8; a client
+gathers its samples as normalised float32 with :meth:`ArrayDataset.features`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.config import DataConfig, parse_partition, parse_test_mode
+from raysim.data.datasets import ArrayDataset, load_dataset
+from raysim.data.partition import label_entropy, matched_test_indices, partition_indices
+from raysim.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class FederatedData:
+    """A dataset split over clients.
+
+    ``client_train[i]`` indexes ``train`` and ``client_test[i]`` indexes ``ptest`` (sorted int64).
+    In ``matched`` test mode ``train`` is the official train set and ``ptest`` is ``gtest``; in
+    ``split`` mode ``train`` is the official train and test sets pooled and ``ptest`` is that same
+    object (uint8 images still, with the official sets' shared mean and std). ``gtest`` is always
+    the official test set, whole.
+    """
+
+    train: ArrayDataset
+    gtest: ArrayDataset
+    ptest: ArrayDataset
+    client_train: tuple[np.ndarray, ...]
+    client_test: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.client_train) != len(self.client_test):
+            raise ValueError("client_train and client_test must have one entry per client.")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+    @property
+    def num_classes(self) -> int:
+        return self.train.num_classes
+
+    def train_label_counts(self) -> np.ndarray:
+        """``(num_clients, num_classes)`` int64: each client's training samples per class."""
+        return _label_counts(self.train.y, self.client_train, self.num_classes)
+
+    def test_label_counts(self) -> np.ndarray:
+        """``(num_clients, num_classes)`` int64: the same for the clients' local test sets."""
+        return _label_counts(self.ptest.y, self.client_test, self.num_classes)
+
+
+def _label_counts(y: np.ndarray, parts: tuple[np.ndarray, ...], num_classes: int) -> np.ndarray:
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for i, idx in enumerate(parts):
+        counts[i] = np.bincount(y[idx], minlength=num_classes)
+    return counts
+
+
+def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
+    """Load ``cfg.dataset``, partition it over ``num_clients`` clients and build their test sets.
+
+    The partition draws from ``SeedSequence([seed, 1])`` and the test sets from
+    ``SeedSequence([seed, 2])``, so a seed gives the same split on every machine.
+    """
+    if num_clients < 1:
+        raise ConfigError(f"The number of clients must be at least 1, not {num_clients}.")
+    spec = parse_partition(cfg.partition)
+    test_mode = parse_test_mode(cfg.test_mode)
+    train, test = load_dataset(cfg, seed)
+    partition_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+    test_rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
+    num_classes = train.num_classes
+
+    def partition(labels: np.ndarray) -> list[np.ndarray]:
+        return partition_indices(
+            labels,
+            num_clients,
+            spec,
+            partition_rng,
+            num_classes,
+            min_samples=cfg.min_samples,
+            samples_per_client=cfg.samples_per_client,
+        )
+
+    if test_mode.kind == "matched":
+        client_train = partition(train.y)
+        ratio = len(test) / len(train)
+        client_test = matched_test_indices(
+            [train.y[idx] for idx in client_train], test.y, num_classes, ratio, test_rng
+        )
+        data = FederatedData(train, test, test, tuple(client_train), tuple(client_test))
+    else:
+        if train.mean != test.mean or train.std != test.std or train.x.dtype != test.x.dtype:
+            raise ValueError(
+                f"The train and test sets of {train.name} cannot be pooled: they differ in dtype "
+                f"({train.x.dtype}, {test.x.dtype}) or normalisation (mean {train.mean} and "
+                f"{test.mean}, std {train.std} and {test.std})."
+            )
+        pooled = ArrayDataset(
+            np.concatenate([train.x, test.x]),
+            np.concatenate([train.y, test.y]),
+            num_classes,
+            train.name,
+            train.mean,
+            train.std,
+        )
+        del train  # the pooled copy replaces it
+        client_train, client_test = [], []
+        for part in partition(pooled.y):
+            shuffled = test_rng.permutation(part)
+            n_test = split_test_size(len(part), test_mode.test_fraction)
+            client_test.append(np.sort(shuffled[:n_test]))
+            client_train.append(np.sort(shuffled[n_test:]))
+        data = FederatedData(pooled, test, pooled, tuple(client_train), tuple(client_test))
+
+    sizes = np.array([len(i) for i in data.client_train])
+    logger.info(
+        "%s split over %d clients by %s (test mode %s): %d to %d training samples per client, "
+        "mean label entropy %.3f nats.",
+        data.train.name,
+        num_clients,
+        spec,
+        cfg.test_mode,
+        sizes.min(),
+        sizes.max(),
+        float(label_entropy(data.train_label_counts()).mean()),
+    )
+    return data
+
+
+def split_test_size(n: int, fraction: float) -> int:
+    """How many of a client's ``n`` samples are its test set in split mode: ``round(fraction * n)``,
+    at least 1 and at most ``n - 1`` when ``n >= 2`` (FedFCD's 75/25 split per client)."""
+    if n < 2:
+        return 0
+    return min(n - 1, max(1, int(np.floor(fraction * n + 0.5))))

@@ -1,0 +1,56 @@
+"""The small records that travel back to the driver: round statistics and evaluation counts.
+
+Plain dataclasses of numbers and NumPy arrays, so the driver reads them without PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """What the driver learns of a round."""
+
+    rnd: int
+    clients: int
+    train_loss: float  # sample-weighted mean over the round's clients
+    num_samples: int
+    bytes_down: int
+    bytes_up: int
+    scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """Samples the global model predicts: ``indices`` into ``data.ptest`` or ``data.gtest``."""
+
+    pool: str  # "ptest" | "gtest"
+    indices: np.ndarray
+
+
+@dataclass(frozen=True)
+class EvalPart:
+    """One worker's share of an evaluation."""
+
+    global_correct: tuple[np.ndarray, ...]  # per target: a bool per sample
+    personal_correct: tuple[tuple[int, int | None], ...]  # (client, correct on its P-Test)
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    """Correct predictions on one client's P-Test (None where the model does not exist)."""
+
+    client: int
+    n_test: int
+    gm_correct: int | None
+    lm_correct: int | None
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    clients: tuple[ClientEval, ...]
+    gtest_correct: int | None
+    gtest_total: int

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""raysim's overhead against a plain single-process PyTorch loop doing the same training.
+
+Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 clients, 10 per round,
+1 local epoch, batch 40, 5 rounds. Three programs, each in its own process, ``--repeats`` times:
+
+- ``plain``: one PyTorch process, every core as intra-op threads, the same clients, batches, model
+  and averaging written as a plain loop (no raysim engine, no Ray);
+- ``raysim_1w``: ``scripts/run.py`` on local Ray, 1 client worker using every core;
+- ``raysim_2w``: ``scripts/run.py`` on local Ray, 2 client workers with one core each.
+
+Each reports the wall time of its 5 rounds (training only); this script also times the whole process.
+Memory is measured in one more run of each program, apart from the timed ones (reading every
+process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
+size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
+daemons and workers included, sampled every 0.2 s. The last line is one JSON object with the medians and the ratios ``ratio_1w``,
+``ratio_2w`` and ``ratio`` (the better of the two), rounds time over the plain loop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+WORKLOAD = dict(
+    clients=100, per_round=10, rounds=5, epochs=1, batch=40, lr=0.01, seed=0, partition="dirichlet:0.1"
+)
+
+
+def plain_loop() -> None:
+    """The baseline, run in a child process: FedAvg as a plain PyTorch loop."""
+    t_start = time.perf_counter()
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from raysim import rng
+    from raysim.config import DataConfig
+    from raysim.data import build_federated_data
+    from raysim.models import build_model
+
+    w = WORKLOAD
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = build_federated_data(
+        DataConfig(dataset="fmnist", partition=str(w["partition"])), int(w["clients"]), int(w["seed"])
+    )
+    y_all = torch.from_numpy(data.train.y)
+    model = build_model(
+        "cnn3p2_fmnist", data.train.input_shape, data.num_classes, rng.int_seed(int(w["seed"]), "init")
+    )
+    params = [p for part in (model.extractor, model.filter, model.head) for p in part.parameters()]
+    global_state = [p.detach().clone() for p in params]
+    # the same warm-up raysim's workers do at start-up: one throwaway step on a copy of the model
+    import copy
+
+    warm = copy.deepcopy(model)
+    warm_opt = torch.optim.SGD(warm.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
+    F.cross_entropy(
+        warm(torch.zeros(int(w["batch"]), *data.train.input_shape)),
+        torch.zeros(int(w["batch"]), dtype=torch.long),
+    ).backward()
+    warm_opt.step()
+    t_rounds = time.perf_counter()
+    for rnd in range(1, int(w["rounds"]) + 1):
+        sampled = rng.sample_clients(int(w["seed"]), rnd, int(w["clients"]), int(w["per_round"]))
+        lr = float(w["lr"]) * 0.99 ** (rnd - 1)
+        sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        total = 0
+        for c in sampled:
+            idx = torch.from_numpy(data.client_train[c])
+            x, y = torch.from_numpy(data.train.features(data.client_train[c])), y_all[idx]
+            with torch.no_grad():
+                for p, g in zip(params, global_state, strict=True):
+                    p.copy_(g)
+            opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-5)
+            for epoch in range(int(w["epochs"])):
+                g = torch.Generator().manual_seed(rng.int_seed(int(w["seed"]), f"shuffle/{epoch}", rnd, c))
+                order = torch.randperm(x.shape[0], generator=g)
+                for s in range(0, x.shape[0], int(w["batch"])):
+                    b = order[s : s + int(w["batch"])]
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[b]), y[b]).backward()
+                    opt.step()
+            n = x.shape[0]
+            total += n
+            for acc, p in zip(sums, params, strict=True):
+                acc += n * p.detach().double()
+        global_state = [(acc / total).float() for acc in sums]
+        if os.environ.get("BENCH_VERBOSE"):
+            print(f"round {rnd}: {time.perf_counter() - t_rounds:.3f}", file=sys.stderr)
+    rounds_s = time.perf_counter() - t_rounds
+    with torch.no_grad():
+        for p, g in zip(params, global_state, strict=True):
+            p.copy_(g)
+        model.eval()
+        x_test = torch.from_numpy(data.gtest.features())
+        pred = torch.cat([model(x_test[i : i + 500]).argmax(1) for i in range(0, len(data.gtest), 500)])
+    acc = float((pred.numpy() == data.gtest.y).mean())
+    print(
+        json.dumps({"rounds_s": rounds_s, "gm_gtest": acc, "in_process_s": time.perf_counter() - t_start}),
+        flush=True,
+    )
+    del np
+
+
+def raysim_cmd(workers: int, out: str) -> list[str]:
+    w = WORKLOAD
+    cpus = (os.cpu_count() or 1) // workers
+    return [
+        sys.executable, str(ROOT / "scripts" / "run.py"), "--algo", "fedavg", "--dataset", "fmnist",
+        "--model", "cnn3p2_fmnist", "--partition", str(w["partition"]), "--clients", str(w["clients"]),
+        "--participation", str(int(w["per_round"]) / int(w["clients"])), "--rounds", str(w["rounds"]),
+        "--local-epochs", str(w["epochs"]), "--batch-size", str(w["batch"]), "--lr", str(w["lr"]),
+        "--seed", str(w["seed"]), "--eval-every", "0", "--workers", str(workers),
+        "--cpus-per-worker", str(cpus), "--no-progress", "--no-tensorboard", "-q", "--out", out,
+    ]  # fmt: skip
+
+
+def pss_bytes(pid: int) -> int:
+    """PSS of one process from /proc/PID/smaps_rollup (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def measure(cmd: list[str], sample_memory: bool) -> dict[str, float]:
+    """Run ``cmd``; its wall time, its last JSON line and (if asked) the peak PSS of its tree."""
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                break
+            peak[0] = max(peak[0], sum(pss_bytes(p.pid) for p in procs))
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if sample_memory:
+        sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    if sample_memory:
+        sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
+    last = json.loads(out.strip().splitlines()[-1])
+    rounds = last.get("rounds_s", last.get("train_time_s"))
+    acc = last.get("gm_gtest", (last.get("final") or {}).get("gm_gtest"))
+    return {"rounds_s": float(rounds), "process_s": wall, "peak_mb": peak[0] / 2**20, "gm_gtest": float(acc)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each program (medians reported)")
+    parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_child:
+        plain_loop()
+        return
+    programs = {
+        "plain": lambda out: [sys.executable, __file__, "--plain-child"],
+        "raysim_1w": lambda out: raysim_cmd(1, out),
+        "raysim_2w": lambda out: raysim_cmd(2, out),
+    }
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in programs}
+    peaks: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cmd in programs.items():
+            peaks[name] = measure(cmd(str(Path(tmp) / f"{name}-mem")), sample_memory=True)["peak_mb"]
+            print(f"{name:10s} memory run: peak PSS of the process tree {peaks[name]:7.0f} MB", flush=True)
+        for i in range(args.repeats):
+            for name, cmd in programs.items():  # interleaved, so drift in the machine hits all three
+                r = measure(cmd(str(Path(tmp) / f"{name}-{i}")), sample_memory=False)
+                runs[name].append(r)
+                print(
+                    f"{name:10s} run {i + 1}: rounds {r['rounds_s']:6.2f} s  process {r['process_s']:6.2f} s  gm_gtest {r['gm_gtest']:.4f}",
+                    flush=True,
+                )
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    for name in med:
+        med[name]["peak_mb"] = peaks[name]
+    plain = med["plain"]
+    result = {
+        "repeats": args.repeats,
+        "cores": os.cpu_count(),
+        "plain_rounds_s": round(plain["rounds_s"], 3),
+        "plain_process_s": round(plain["process_s"], 3),
+        "plain_peak_mb": round(plain["peak_mb"]),
+    }
+    for name in ("raysim_1w", "raysim_2w"):
+        m = med[name]
+        result[f"{name}_rounds_s"] = round(m["rounds_s"], 3)
+        result[f"{name}_process_s"] = round(m["process_s"], 3)
+        result[f"{name}_peak_mb"] = round(m["peak_mb"])
+        result[f"{name}_process_ratio"] = round(m["process_s"] / plain["process_s"], 3)
+    result["ratio_1w"] = round(med["raysim_1w"]["rounds_s"] / plain["rounds_s"], 3)
+    result["ratio_2w"] = round(med["raysim_2w"]["rounds_s"] / plain["rounds_s"], 3)
+    result["ratio"] = min(result["ratio_1w"], result["ratio_2w"])
+    result["gm_gtest"] = {name: round(m["gm_gtest"], 4) for name, m in med.items()}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
