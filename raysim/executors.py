@@ -27,6 +27,7 @@ from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.errors import ConfigError
 from raysim.records import ClientEval, EvalPart, EvalReport, EvalTarget, RoundStats
+from raysim.weights import ModelWeights
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,9 @@ class SerialExecutor:
         torch.set_num_threads(cfg.train_threads)
         self.cfg = cfg
         self.data = data
-        stats = ClientStats.from_label_counts(data.train_label_counts())
-        self.server = ServerHost(cfg, stats, data.train.input_shape, data.num_classes)
         self.runtime = ClientRuntime(cfg, data)
+        stats = ClientStats.from_label_counts(data.train_label_counts())
+        self.server = ServerHost(cfg, stats, self.runtime.initial_weights)
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
@@ -155,6 +156,9 @@ class ClientWorker:
         self.runtime.warm_up()
         return str(self.runtime.device)
 
+    def initial_weights(self) -> ModelWeights:
+        return self.runtime.initial_weights
+
     def run_chain(self, rnd: int, clients: Sequence[int], payload: Any, prev: Any) -> list[Any]:
         last = prev[-1] if prev else None
         return self.runtime.run_chain(rnd, clients, payload, last)
@@ -168,22 +172,17 @@ class ClientWorker:
 class ServerActor:
     """The server actor: a :class:`ServerHost` whose payloads go into the object store once."""
 
-    def __init__(
-        self, cfg: ExperimentConfig, stats: ClientStats, input_shape: Sequence[int], num_classes: int
-    ) -> None:
-        self.args = (cfg, stats, tuple(input_shape), num_classes)
+    def __init__(self, cfg: ExperimentConfig, stats: ClientStats, init_weights: ModelWeights) -> None:
+        self.args = (cfg, stats, init_weights)
         self._jobs: list[Job] = []
 
     def setup(self) -> None:
-        import numpy as np
         import ray
-        import torch
 
         from raysim.logs import setup_worker_logging
         from raysim.server import ServerHost
 
         setup_worker_logging()
-        torch.set_num_threads(1)
         self.host = ServerHost(*self.args)
         ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
 
@@ -241,16 +240,19 @@ class RayExecutor:
             ).remote(cfg, data_ref, i)
             for i in range(num_workers)
         ]
+        setups = [w.setup.remote() for w in self.workers]
+        # the server starts from worker 0's seeded initial weights (an ObjectRef that Ray resolves
+        # once worker 0 is set up); it needs no model, and so no PyTorch, of its own
+        init_weights = self.workers[0].initial_weights.remote()
         server_cls: Any = ray.remote(ServerActor)
-        self.server = server_cls.options(num_cpus=0).remote(
-            cfg, stats, data.train.input_shape, data.num_classes
-        )
+        self.server = server_cls.options(num_cpus=0).remote(cfg, stats, init_weights)
         try:
-            devices = ray.get([w.setup.remote() for w in self.workers] + [self.server.setup.remote()])[:-1]
+            devices = ray.get(setups)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ConfigError):
                 raise e.cause from None
             raise
+        ray.get(self.server.setup.remote())
         log.info("%d client workers ready (%s)", num_workers, ", ".join(sorted(set(devices))))
 
     def _placement(self, jobs: Sequence[Job]) -> list[list[tuple[int, int, int]]]:

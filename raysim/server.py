@@ -13,29 +13,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from algorithms.base import Algorithm, ClientStats, Job, JobResult, ServerContext, make_algorithm
-from raysim import rng
 from raysim.config import ExperimentConfig
-from raysim.models import build_model
 from raysim.records import RoundStats
-from raysim.weights import PARTS, get_weights
+from raysim.weights import ModelWeights
 
 log = logging.getLogger(__name__)
 
 
 class ServerHost:
+    """``init_weights`` are the seeded initial model's (every part), as a client runtime built
+    them: the server needs no model of its own, so it loads PyTorch only if its algorithm does."""
+
     def __init__(
         self,
         cfg: ExperimentConfig,
         stats: ClientStats,
-        input_shape: Sequence[int],
-        num_classes: int,
+        init_weights: ModelWeights,
         algorithm: Algorithm[Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
-        model = build_model(cfg.model, input_shape, num_classes, rng.int_seed(cfg.seed, "init"))
-        ctx = ServerContext(cfg=cfg, clients=stats, init_weights=get_weights(model, PARTS))
-        self.state = self.algo.init(ctx)
+        self.state = self.algo.init(ServerContext(cfg=cfg, clients=stats, init_weights=init_weights))
 
     def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
         return self.algo.plan(self.state, rnd, sampled)
