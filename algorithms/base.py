@@ -51,6 +51,9 @@ class Job:
 
     clients: tuple[int, ...]
     payload: Any
+    #: run each client on its home worker (where its personal state lives); unpinned jobs run
+    #: wherever the round's load is lightest
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,6 @@ class Algorithm(Generic[StateT]):
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
-    #: a client's personal state lives on its home worker, so its jobs run there
-    pins_clients: ClassVar[bool] = False
     #: which metrics apply (the others are reported as null)
     has_global_model: ClassVar[bool] = True
     has_personal_model: ClassVar[bool] = False
@@ -146,9 +147,19 @@ class Algorithm(Generic[StateT]):
                 rate *= t.lr_gamma
         return rate
 
-    def round_scalars(self, state: StateT) -> dict[str, float]:
-        """Extra per-round scalars for TensorBoard and metrics.parquet (a phase, an objective)."""
+    def round_scalars(self, state: StateT, rnd: int) -> dict[str, float]:
+        """Extra scalars after round ``rnd`` for TensorBoard and metrics.parquet (a phase, an
+        objective)."""
         return {}
+
+    def round_texts(self, state: StateT, rnd: int) -> dict[str, str]:
+        """Text for TensorBoard after round ``rnd`` (a grouping, when it is made)."""
+        return {}
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig, params: Any) -> None:
+        """Raise ConfigError for settings this algorithm cannot run with (e.g. more coordinators
+        than clients). Called before any work."""
 
     # ---- server side
     def init(self, ctx: ServerContext) -> StateT:
@@ -225,9 +236,12 @@ def algorithm_class(name: str) -> type[Algorithm[Any]]:
 
 
 def algorithm_params(cfg: ExperimentConfig) -> Any:
-    """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected)."""
+    """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
+    checked against the rest of ``cfg``."""
     cls = algorithm_class(cfg.algo)
-    return from_dict(cls.Config, cfg.algo_params, where="algo")
+    params = from_dict(cls.Config, cfg.algo_params, where="algo")
+    cls.check(cfg, params)
+    return params
 
 
 def make_algorithm(cfg: ExperimentConfig) -> Algorithm[Any]:

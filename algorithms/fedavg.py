@@ -24,6 +24,18 @@ class GlobalState:
     weights: ModelWeights  # extractor, filter, head
 
 
+def train_global_parts(
+    ctx: ClientContext, payload: WeightsPayload, loss_fn: LossFn | None = None
+) -> ClientResult:
+    """FedAvg's client step: start from the received extractor, filter and head, train them for E
+    epochs (cross-entropy on the global path by default), upload them."""
+    from raysim.train import cross_entropy
+
+    ctx.load(payload.weights)
+    stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=loss_fn or cross_entropy)
+    return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+
 @register("fedavg")
 class FedAvg(Algorithm[GlobalState]):
     def init(self, ctx: ServerContext) -> GlobalState:
@@ -40,9 +52,7 @@ class FedAvg(Algorithm[GlobalState]):
         return cross_entropy
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
-        ctx.load(payload.weights)
-        stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=self.loss_fn(ctx, payload))
-        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+        return train_global_parts(ctx, payload, self.loss_fn(ctx, payload))
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
         finals = [jr.final for jr in results]

@@ -24,7 +24,6 @@ class LocalPayload:
 
 @register("local")
 class Local(Algorithm[None]):
-    pins_clients = True
     has_global_model = False
     has_personal_model = True
 
@@ -33,7 +32,7 @@ class Local(Algorithm[None]):
 
     def plan(self, state: None, rnd: int, sampled: Sequence[int]) -> list[Job]:
         payload = LocalPayload(self.lr(rnd))
-        return [Job((c,), payload) for c in sampled]
+        return [Job((c,), payload, pinned=True) for c in sampled]
 
     def _own_weights(self, ctx: ClientContext) -> ModelWeights:
         own: ModelWeights | None = ctx.state

@@ -10,6 +10,7 @@ give the same numbers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from raysim.train import (
     local_train,
     predict,
 )
-from raysim.weights import ModelWeights, get_weights, payload_nbytes, set_weights
+from raysim.weights import PARTS, ModelWeights, get_weights, payload_nbytes, set_weights
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,23 @@ class ClientRuntime:
         self.model: SplitModel = build_model(
             cfg.model, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init")
         ).to(self.device)
-        self.initial_weights = get_weights(self.model, ("extractor", "filter", "head", "phead"))
+        self.initial_weights = get_weights(self.model, PARTS)
         self.states: dict[int, Any] = {}
+        self._fresh: dict[tuple[str, str], np.ndarray] = {}
+
+    def fresh_part(self, part: str, purpose: str) -> np.ndarray:
+        """Part ``part`` of a model freshly initialised from (seed, ``purpose``): the same on every
+        worker (e.g. a Type-B group's new filter, a client's new personal head)."""
+        key = (part, purpose)
+        if key not in self._fresh:
+            model = build_model(
+                self.cfg.model,
+                self.data.train.input_shape,
+                self.data.num_classes,
+                rng.int_seed(self.cfg.seed, purpose),
+            )
+            self._fresh[key] = get_weights(model, (part,)).part(part)
+        return self._fresh[key]
 
     def warm_up(self) -> None:
         """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
@@ -166,7 +182,7 @@ class ClientRuntime:
             model,
             lambda epoch: [(x, y)],
             epochs=1,
-            parts=("extractor", "filter", "head", "phead"),
+            parts=PARTS,
             sgd=SGDConfig(t.lr, t.momentum, t.weight_decay),
         )
         model.eval()
@@ -192,16 +208,7 @@ class ClientRuntime:
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
             ctx = ClientContext(self, cid, rnd)
             res = self.algo.local_update(ctx, link_payload)
-            down = payload_nbytes(link_payload)
-            res = ClientResult(
-                client=res.client,
-                num_samples=res.num_samples,
-                train_loss=res.train_loss,
-                weights=res.weights,
-                extra=res.extra,
-                bytes_down=down,
-                bytes_up=res.bytes_up,
-            )
+            res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
             results.append(res)
             prev = res
         return results

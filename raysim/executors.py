@@ -6,8 +6,8 @@ server actor and client-worker actors that each ask for a share of a CPU or a fr
 host many virtual clients.
 
 Placement. A client has a home worker (clients are spread over workers by training-set size, longest
-first). Jobs of algorithms whose clients keep personal state (``Algorithm.pins_clients``) run on the
-clients' home workers, so that state never moves; a chain whose clients live on several workers runs
+first). Pinned jobs (``Job.pinned``: their clients keep personal state) run on the clients' home
+workers, so that state never moves; a chain whose clients live on several workers runs
 as segments, each segment's result passed to the next worker as an ObjectRef that never visits the
 driver. Jobs of stateless algorithms go to the least-loaded worker of the round (longest job first),
 since where a job runs does not change its numbers: every random draw is keyed by (seed, round,
@@ -16,6 +16,7 @@ client, purpose) and every job trains with the configured number of threads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -196,7 +197,7 @@ class ServerActor:
             key = id(job.payload)
             if key not in refs:
                 refs[key] = ray.put(job.payload)
-            out.append(Job(job.clients, refs[key]))
+            out.append(dataclasses.replace(job, payload=refs[key]))
         return out
 
     def aggregate(self, rnd: int, segment_refs: Sequence[Sequence[Any]]) -> RoundStats:
@@ -221,7 +222,6 @@ class RayExecutor:
         self.cfg = cfg
         self.num_workers = num_workers
         algo_cls = algorithm_class(cfg.algo)
-        self.pinned = algo_cls.pins_clients
         self.has_global = algo_cls.has_global_model
         self.has_personal = algo_cls.has_personal_model
         sizes = [int(s.size) for s in data.client_train]
@@ -256,22 +256,27 @@ class RayExecutor:
         log.info("%d client workers ready (%s)", num_workers, ", ".join(sorted(set(devices))))
 
     def _placement(self, jobs: Sequence[Job]) -> list[list[tuple[int, int, int]]]:
-        """For each job, its segments as (worker, start, stop) over the job's clients."""
-        if self.pinned:
-            placed = []
-            for job in jobs:
-                segs: list[tuple[int, int, int]] = []
+        """For each job, its segments as (worker, start, stop) over the job's clients: a pinned job
+        in runs of clients that share a home worker; an unpinned one whole, on the worker the
+        round's longest-first balancing gives it (pinned work counts towards the loads)."""
+        placed: list[list[tuple[int, int, int]]] = []
+        loads = [0.0] * self.num_workers
+        for job in jobs:
+            segs: list[tuple[int, int, int]] = []
+            if job.pinned:
                 for k, c in enumerate(job.clients):
                     w = self.home[c]
+                    loads[w] += self.sizes[c]
                     if segs and segs[-1][0] == w:
                         segs[-1] = (w, segs[-1][1], k + 1)
                     else:
                         segs.append((w, k, k + 1))
-                placed.append(segs)
-            return placed
-        costs = [float(sum(self.sizes[c] for c in job.clients)) for job in jobs]
-        bins = lpt_assign(costs, self.num_workers)
-        return [[(bins[j], 0, len(job.clients))] for j, job in enumerate(jobs)]
+            placed.append(segs)
+        free = [j for j, job in enumerate(jobs) if not job.pinned]
+        costs = [float(sum(self.sizes[c] for c in jobs[j].clients)) for j in free]
+        for j, w in zip(free, lpt_assign(costs, self.num_workers, loads), strict=True):
+            placed[j] = [(w, 0, len(jobs[j].clients))]
+        return placed
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         import ray

@@ -104,6 +104,8 @@ class TensorBoardWriter(BaseCallback):
         w.add_scalar("comm/bytes_up", stats.bytes_up, r)
         for name, value in stats.scalars:
             w.add_scalar(f"algo/{name}", value, r)
+        for name, text in stats.texts:
+            w.add_text(f"algo/{name}", text, r)
 
     def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
         for key, value in row.items():

@@ -21,6 +21,7 @@ class RoundStats:
     bytes_down: int
     bytes_up: int
     scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
+    texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ class ServerHost:
             num_samples=n,
             bytes_down=sum(r.bytes_down for r in flat),
             bytes_up=sum(r.bytes_up for r in flat),
-            scalars=tuple(sorted(self.algo.round_scalars(self.state).items())),
+            scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
+            texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),
         )
 
     def eval_payload(self) -> Any:

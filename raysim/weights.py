@@ -40,6 +40,13 @@ class ModelWeights:
             if arr is not None:
                 yield name, arr
 
+    def part(self, name: str) -> np.ndarray:
+        arr = getattr(self, name)
+        if arr is None:
+            raise KeyError(f"these weights carry no {name}")
+        out: np.ndarray = arr
+        return out
+
     @property
     def part_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.items())

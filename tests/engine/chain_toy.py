@@ -28,7 +28,6 @@ class StartedFrom:
 
 class ChainToy(FedAvg):
     Config = ChainToyConfig
-    pins_clients = True
 
     def __init__(self, cfg, params):
         super().__init__(cfg, params)
@@ -36,7 +35,7 @@ class ChainToy(FedAvg):
 
     def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
         order = tuple(reversed(sampled)) if self.params.reverse else tuple(sampled)
-        return [Job(order, WeightsPayload(state.weights, self.lr(rnd)))]
+        return [Job(order, WeightsPayload(state.weights, self.lr(rnd)), pinned=True)]
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         ctx.load(payload.weights)
@@ -54,5 +53,5 @@ class ChainToy(FedAvg):
             self.links_checked += 1
         return GlobalState(job.final.weights)
 
-    def round_scalars(self, state: GlobalState) -> dict[str, float]:
+    def round_scalars(self, state: GlobalState, rnd: int) -> dict[str, float]:
         return {"links_checked": float(self.links_checked)}

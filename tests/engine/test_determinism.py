@@ -45,3 +45,24 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     c = run_experiment(tiny_config(tmp_path / "c", seed=4))
     assert _metrics(a) == _metrics(b)
     assert _metrics(a) != _metrics(c)
+
+
+@pytest.mark.ray
+def test_fed3p2_serial_equals_ray(tmp_path, ray_local):
+    """Chains inside coordinators (phase 1, unpinned) and P-heads on their home workers (phase 2)."""
+    setup = {
+        "algo": "fed3p2",
+        "model": "cnn3p2_fmnist",
+        "data.synthetic.shape": (1, 16, 16),
+        "clients": 10,
+        "rounds": 4,
+        "algo.num_type_a": 3,
+        "algo.num_type_b": 3,
+        "train.lr": 0.01,
+    }
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
+    )
+    assert [r["phase"] for r in serial.rows] == [1, 1, 2, 2]
+    assert _metrics(ray_run) == _metrics(serial)

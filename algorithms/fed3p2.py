@@ -1,0 +1,303 @@
+"""Fed3+2p ("Fed3+2p: Training different parts of neural network with two-phase strategy", seed
+002): a three-part network trained in two phases with two kinds of coordinators.
+
+Network (Fig. 2): extractor W_e, filter W_i, G-head W_g and P-head W_p (``SplitModel``'s
+``extractor``, ``filter``, ``head``, ``phead``).
+
+Phase 1 (rounds 1..T1) trains W = {W_e, W_i, W_g} with cross-entropy on the G-head.
+- Type-A coordinators (Eq. 5, :func:`raysim.grouping.type_a_grouping`), made once before round 1.
+- Each coordinator trains its sampled clients one after another on one model, in a seeded random
+  order (Eq. 6-7): a chain job. Coordinators run in parallel.
+- Server, Eq. 4: W(t+1) = W(t) - sum_c |D^c|/|D| * DeltaW^c with DeltaW^c = W(t) - W^c (Eq. 8);
+  |D^c| is the training data of coordinator c's clients sampled this round and |D| their sum.
+- The phase-1 W is the global model GM.
+
+Phase 2 (rounds T1+1..T) trains filters and P-heads; W_e and W_g stay frozen at their phase-1 values.
+- Type-B groups (Eq. 10, :func:`raysim.grouping.type_b_grouping`).
+- Each group's filter and each client's P-head start freshly initialised (seeded); the learning rate
+  starts again from its initial value.
+- Sampled clients train filter + P-head (cross-entropy on P-head(filter(extractor(x))), Eq. 12-13);
+  each group averages its members' filters weighted by sample count (Eq. 11); P-heads never leave
+  their client.
+- The local model LM of client k: extractor -> the filter of k's group -> P-head_k.
+
+Ablations (Table 2): ``filter_shared=false`` (no Type-B groups: every client keeps its own filter),
+``coordinators=false`` (phase 1 is plain parallel FedAvg and phase 2 trains filter and P-head
+locally), ``two_phase=false`` (no coordinators, one phase: extractor, filter and G-head averaged as in
+FedAvg while each client trains its own P-head beside them; the loss is the sum of the two heads'
+cross-entropies, a choice: the paper does not give it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
+from algorithms.fedavg import train_global_parts
+from raysim import rng
+from raysim.aggregate import apply_updates, subtract, weighted_mean
+from raysim.config import ExperimentConfig
+from raysim.errors import ConfigError
+from raysim.grouping import Grouping, type_a_grouping, type_b_grouping
+from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+
+FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 values
+
+
+@dataclass(frozen=True)
+class Fed3p2Config:
+    num_type_a: int = 5  # Type-A coordinators (choice; the paper does not give the number)
+    num_type_b: int = 5  # Type-B groups M (choice; the paper's A.2 varies it)
+    phase1_rounds: int | None = None  # T1; None: half the rounds (choice)
+    filter_shared: bool = True  # Table 2 ablation: False = no Type-B groups, personal filters
+    coordinators: bool = True  # Table 2 ablation: False = FedAvg phase 1, local phase 2
+    two_phase: bool = True  # Table 2 ablation: False = one phase, no coordinators
+
+
+@dataclass(frozen=True)
+class Phase2Payload:
+    """What a phase-2 client receives: the frozen phase-1 parts, its group's filter (None before
+    the group's first aggregation: the client starts from the group's seeded fresh filter)."""
+
+    frozen: ModelWeights  # extractor, head
+    group: int  # Type-B group, or -1 when filters are personal
+    filter: ModelWeights | None
+    lr: float
+
+
+@dataclass(frozen=True)
+class JointPayload:
+    """two_phase=false: the global extractor, filter and G-head, trained with the client's P-head."""
+
+    weights: ModelWeights
+    lr: float
+
+
+@dataclass(frozen=True)
+class ClientState:
+    """Kept on the client's home worker: its P-head and, when filters are personal, its filter."""
+
+    phead: ModelWeights
+    filter: ModelWeights | None = None
+
+
+@dataclass(frozen=True)
+class Fed3p2State:
+    rnd: int  # the last aggregated round (0 before round 1)
+    gm: ModelWeights  # W = {W_e, W_i, W_g}; frozen once phase 2 starts
+    type_a: Grouping | None
+    type_b: Grouping | None
+    group_filters: tuple[ModelWeights | None, ...]  # per Type-B group, None until first aggregated
+
+
+@dataclass(frozen=True)
+class Fed3p2Eval:
+    gm: ModelWeights
+    personal: bool  # whether local models exist yet (phase 2, or two_phase=false)
+    group_of: tuple[int, ...] | None
+    group_filters: tuple[ModelWeights | None, ...]
+
+
+@register("fed3p2")
+class Fed3p2(Algorithm[Fed3p2State]):
+    Config = Fed3p2Config
+    has_personal_model = True
+
+    def __init__(self, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
+        super().__init__(cfg, params)
+        self.t1 = cfg.rounds // 2 if params.phase1_rounds is None else params.phase1_rounds
+        if not params.two_phase:
+            self.t1 = cfg.rounds
+        self.shared_filters = params.filter_shared and params.coordinators and params.two_phase
+        self.use_type_a = params.coordinators and params.two_phase
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
+        if params.num_type_a < 1 or params.num_type_b < 1:
+            raise ConfigError("Fed3+2p needs at least one Type-A and one Type-B coordinator.")
+        if params.coordinators and params.num_type_a > cfg.clients:
+            raise ConfigError(
+                f"Fed3+2p cannot have more Type-A coordinators ({params.num_type_a}) than clients ({cfg.clients})."
+            )
+        if params.filter_shared and params.num_type_b > cfg.clients:
+            raise ConfigError(
+                f"Fed3+2p cannot have more Type-B groups ({params.num_type_b}) than clients ({cfg.clients})."
+            )
+        if params.phase1_rounds is not None and not 0 <= params.phase1_rounds <= cfg.rounds:
+            raise ConfigError(
+                f"Fed3+2p's phase1_rounds must be between 0 and the rounds ({cfg.rounds}), not {params.phase1_rounds}."
+            )
+
+    def phase(self, rnd: int) -> int:
+        return 1 if rnd <= self.t1 else 2
+
+    def lr(self, rnd: int) -> float:
+        """The schedule restarts from the initial rate when phase 2 begins."""
+        return super().lr(rnd if self.phase(rnd) == 1 else rnd - self.t1)
+
+    # ---------------------------------------------------------------------------------------- server
+    def init(self, ctx: ServerContext) -> Fed3p2State:
+        counts = ctx.clients.label_counts
+        type_a = type_a_grouping(counts, self.params.num_type_a) if self.use_type_a else None
+        type_b = type_b_grouping(counts, self.params.num_type_b) if self.shared_filters else None
+        groups = len(type_b.groups) if type_b is not None else 0
+        return Fed3p2State(0, ctx.init_weights.select(GLOBAL_PARTS), type_a, type_b, (None,) * groups)
+
+    def plan(self, state: Fed3p2State, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        lr = self.lr(rnd)
+        if not self.params.two_phase:
+            payload: Any = JointPayload(state.gm, lr)
+            return [Job((c,), payload, pinned=True) for c in sampled]
+        if self.phase(rnd) == 1:
+            payload = WeightsPayload(state.gm, lr)
+            if state.type_a is None:  # coordinators=false: plain parallel FedAvg
+                return [Job((c,), payload) for c in sampled]
+            jobs = []
+            chosen = set(sampled)
+            for c, members in enumerate(state.type_a.groups):
+                mine = [k for k in members if k in chosen]
+                if mine:  # the coordinator's sampled clients, in a seeded random order (Eq. 6-7)
+                    order = rng.generator(self.cfg.seed, "fed3p2/order", rnd, c).permutation(mine)
+                    jobs.append(Job(tuple(int(k) for k in order), payload))
+            return jobs
+        frozen = state.gm.select(FROZEN_PARTS)
+        if state.type_b is None:
+            personal = Phase2Payload(frozen, -1, None, lr)
+            return [Job((c,), personal, pinned=True) for c in sampled]
+        group_of = state.type_b.assignment
+        by_group = {
+            g: Phase2Payload(frozen, g, state.group_filters[g], lr)
+            for g in sorted({int(group_of[c]) for c in sampled})
+        }
+        return [Job((c,), by_group[int(group_of[c])], pinned=True) for c in sampled]
+
+    def aggregate(self, state: Fed3p2State, rnd: int, results: Sequence[JobResult]) -> Fed3p2State:
+        if self.phase(rnd) == 1:
+            finals = [jr.final.weights for jr in results]
+            assert all(w is not None for w in finals)
+            if state.type_a is not None:
+                # Eq. 8: DeltaW^c = W(t) - W^c; Eq. 4 with this round's |D^c| / |D|
+                sizes = [jr.num_samples for jr in results]
+                deltas = [subtract(state.gm, w) for w in finals if w is not None]
+                gm = apply_updates(state.gm, deltas, [n / sum(sizes) for n in sizes])
+            else:
+                gm = weighted_mean(
+                    [w for w in finals if w is not None], [jr.final.num_samples for jr in results]
+                )
+            return Fed3p2State(rnd, gm, state.type_a, state.type_b, state.group_filters)
+        if state.type_b is None:
+            return Fed3p2State(rnd, state.gm, state.type_a, None, state.group_filters)
+        filters = list(state.group_filters)
+        group_of = state.type_b.assignment
+        for g in range(len(filters)):
+            mine = [jr.final for jr in results if group_of[jr.final.client] == g]
+            if mine:  # Eq. 11: the group's filter, weighted by its sampled clients' data
+                uploads = [r.weights for r in mine if r.weights is not None]
+                filters[g] = weighted_mean(uploads, [r.num_samples for r in mine])
+        return Fed3p2State(rnd, state.gm, state.type_a, state.type_b, tuple(filters))
+
+    def eval_payload(self, state: Fed3p2State) -> Fed3p2Eval:
+        personal = not self.params.two_phase or self.phase(state.rnd) == 2
+        group_of = tuple(int(g) for g in state.type_b.assignment) if state.type_b is not None else None
+        return Fed3p2Eval(state.gm, personal, group_of, state.group_filters)
+
+    def round_scalars(self, state: Fed3p2State, rnd: int) -> dict[str, float]:
+        out = {"phase": float(self.phase(rnd))}
+        if state.type_a is not None:
+            out["type_a_objective"] = state.type_a.objective
+        if state.type_b is not None:
+            out["type_b_objective"] = state.type_b.objective
+        return out
+
+    def round_texts(self, state: Fed3p2State, rnd: int) -> dict[str, str]:
+        def describe(g: Grouping) -> str:
+            lines = [f"objective {g.objective:.6f}", ""]
+            lines += [f"- group {k}: {', '.join(map(str, members))}" for k, members in enumerate(g.groups)]
+            return "\n".join(lines)
+
+        out = {}
+        if rnd == 1 and state.type_a is not None:
+            out["type_a_groups"] = describe(state.type_a)
+        if rnd == self.t1 + 1 and state.type_b is not None:
+            out["type_b_groups"] = describe(state.type_b)
+        return out
+
+    # ---------------------------------------------------------------------------------------- client
+    def _fresh(self, ctx: ClientContext, part: str, purpose: str) -> ModelWeights:
+        return ModelWeights(**{part: ctx.runtime.fresh_part(part, purpose)})
+
+    def _own(self, ctx: ClientContext) -> ClientState:
+        state: ClientState | None = ctx.state
+        if state is None:
+            return ClientState(self._fresh(ctx, "phead", f"fed3p2/phead/{ctx.cid}"))
+        return state
+
+    def _filter(self, ctx: ClientContext, payload_filter: ModelWeights | None, group: int) -> ModelWeights:
+        if group < 0:  # personal filter
+            own = self._own(ctx).filter
+            return own if own is not None else self._fresh(ctx, "filter", f"fed3p2/filter/client/{ctx.cid}")
+        return (
+            payload_filter
+            if payload_filter is not None
+            else self._fresh(ctx, "filter", f"fed3p2/filter/{group}")
+        )
+
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        from raysim.train import personal_cross_entropy
+
+        if isinstance(payload, WeightsPayload):  # phase 1: as FedAvg on extractor, filter, G-head
+            return train_global_parts(ctx, payload)
+        own = self._own(ctx)
+        if isinstance(payload, JointPayload):
+            ctx.load(payload.weights.merged(own.phead))
+            stats = ctx.train((*GLOBAL_PARTS, "phead"), payload.lr, loss_fn=_joint_loss)
+            ctx.set_state(ClientState(ctx.weights(("phead",))))
+            return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+        assert isinstance(payload, Phase2Payload)
+        ctx.load(payload.frozen.merged(self._filter(ctx, payload.filter, payload.group)).merged(own.phead))
+        stats = ctx.train(("filter", "phead"), payload.lr, loss_fn=personal_cross_entropy)
+        filt = ctx.weights(("filter",))
+        ctx.set_state(ClientState(ctx.weights(("phead",)), None if payload.group >= 0 else filt))
+        return ctx.result(stats, weights=filt if payload.group >= 0 else None)  # P-heads stay here
+
+    def global_model(self, model: SplitModel, eval_payload: Fed3p2Eval) -> SplitModel:
+        set_weights(model, eval_payload.gm)
+        return model
+
+    def personal_model(self, ctx: ClientContext, eval_payload: Fed3p2Eval) -> SplitModel | None:
+        if not eval_payload.personal:
+            return None
+        own = self._own(ctx)
+        if not self.params.two_phase:
+            ctx.load(eval_payload.gm.merged(own.phead))
+            return ctx.model
+        group = eval_payload.group_of[ctx.cid] if eval_payload.group_of is not None else -1
+        group_filter = eval_payload.group_filters[group] if group >= 0 else None
+        ctx.load(
+            eval_payload.gm.select(FROZEN_PARTS)
+            .merged(self._filter(ctx, group_filter, group))
+            .merged(own.phead)
+        )
+        return ctx.model
+
+    def personal_forward(self, model: SplitModel) -> Any:
+        return model.personal_forward
+
+
+def _joint_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """two_phase=false: cross-entropy of the G-head plus that of the P-head (choice)."""
+    import torch.nn.functional as F
+
+    z = model.filter(model.extractor(x))
+    return F.cross_entropy(model.head(z), y) + F.cross_entropy(model.phead(z), y)
+
+
+__all__ = ["Fed3p2", "Fed3p2Config"]
