@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from raysim.config import ExperimentConfig, from_dict
+from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.errors import ConfigError
 from raysim.weights import ModelWeights
 
@@ -157,6 +157,13 @@ class Algorithm(Generic[StateT]):
         return {}
 
     @classmethod
+    def paper_setup(cls, dataset: str) -> dict[str, Any]:
+        """Dotted settings that reproduce the algorithm's paper on ``dataset`` (e.g.
+        ``{"participation": 0.2, "train.lr": 0.01}``); put beneath the user's settings by
+        :func:`resolve_config` unless ``paper_setup`` is false."""
+        return {}
+
+    @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
         """Raise ConfigError for settings this algorithm cannot run with (e.g. more coordinators
         than clients). Called before any work."""
@@ -244,6 +251,19 @@ def algorithm_params(cfg: ExperimentConfig) -> Any:
     return params
 
 
+def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
+    """Nested settings (a config file merged with the command line) -> the experiment config, with
+    the algorithm's paper setup beneath them unless they say ``paper_setup: false``."""
+    given: ExperimentConfig = from_dict(ExperimentConfig, settings)
+    if not given.paper_setup:
+        return given
+    base: dict[str, Any] = {}
+    for key, value in algorithm_class(given.algo).paper_setup(given.data.dataset).items():
+        set_dotted(base, key, value)
+    resolved: ExperimentConfig = from_dict(ExperimentConfig, merge(base, settings))
+    return resolved
+
+
 def make_algorithm(cfg: ExperimentConfig) -> Algorithm[Any]:
     cls = algorithm_class(cfg.algo)
     return cls(cfg, algorithm_params(cfg))
@@ -263,4 +283,5 @@ __all__ = [
     "algorithm_params",
     "make_algorithm",
     "register",
+    "resolve_config",
 ]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raysim.config import ExperimentConfig, from_dict, load_config_file, merge, set_dotted, validate
+from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted, validate
 from raysim.errors import ConfigError
 
 log = logging.getLogger("raysim")
@@ -97,7 +97,9 @@ def config_from_args(argv: Sequence[str]) -> ExperimentConfig:
         if not sep:
             raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
         set_dotted(flags, key.strip(), value.strip())
-    cfg: ExperimentConfig = from_dict(ExperimentConfig, merge(data, flags))
+    from algorithms.base import resolve_config
+
+    cfg = resolve_config(merge(data, flags))
     validate(cfg)
     return cfg
 

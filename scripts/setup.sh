@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set raysim up on this machine, then (optionally) do one thing:
 #   bash scripts/setup.sh          set up only
-#   bash scripts/setup.sh run      set up, then a short 100-client Fashion-MNIST run on local Ray
+#   bash scripts/setup.sh run      set up, then a short 100-client Fed3+2p run on Fashion-MNIST, local Ray
 #   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (what CI runs)
 #   bash scripts/setup.sh lint     set up, then ruff and mypy
 # Setup: a virtual environment in .venv, PyTorch, raysim with its dev extra, and Fashion-MNIST
@@ -59,8 +59,9 @@ case "${1:-}" in
   "") log "ready: $VPY scripts/run.py --help" ;;
   run)
     shift
-    exec "$VPY" scripts/run.py --algo fedavg --dataset fmnist --clients 100 --participation 0.1 \
-      --rounds 5 --local-epochs 1 --eval-every 1 "$@" ;;
+    # Fed3+2p with its paper setup on Fashion-MNIST (100 clients, Dir(0.1), participation 0.2),
+    # cut to 6 rounds (3 per phase) of 1 local epoch
+    exec "$VPY" scripts/run.py --algo fed3p2 --dataset fmnist --clients 100 --rounds 6 --local-epochs 1 "$@" ;;
   test)
     shift
     "$VPY" -m ruff check raysim algorithms scripts tests

@@ -63,3 +63,28 @@ def test_partition_specs():
     for bad in ("dirichlet", "dirichlet:0", "shard:1.5", "iid:3", "zipf:2"):
         with pytest.raises(ConfigError):
             parse_partition(bad)
+
+
+def test_paper_setup_goes_beneath_the_given_settings():
+    cfg = config_from_args(["--algo", "fed3p2"])
+    assert (cfg.clients, cfg.participation, cfg.rounds, cfg.train.lr, cfg.model) == (
+        100,
+        0.2,
+        100,
+        0.01,
+        "cnn3p2_fmnist",
+    )
+    cifar = config_from_args(["--algo", "fed3p2", "--dataset", "cifar10", "--rounds", "7"])
+    assert (cifar.clients, cifar.participation, cifar.rounds, cifar.train.lr, cifar.model) == (
+        20,
+        0.4,
+        7,
+        0.001,
+        "cnn3p2_cifar",
+    )
+    common = config_from_args(["--algo", "fed3p2", "--set", "paper_setup=false"])
+    assert (common.participation, common.rounds) == (
+        ExperimentConfig().participation,
+        ExperimentConfig().rounds,
+    )
+    assert config_from_args(["--algo", "fedavg"]) == replace(ExperimentConfig(), algo="fedavg")
