@@ -156,6 +156,16 @@ class Algorithm(Generic[StateT]):
         """Text for TensorBoard after round ``rnd`` (a grouping, when it is made)."""
         return {}
 
+    def wants_validation(self, state: StateT, rnd: int) -> bool:
+        """Whether, after round ``rnd``, the global model should be evaluated on the clients'
+        validation parts (``data.val_fraction``); the accuracy comes back to
+        :meth:`observe_validation`."""
+        return False
+
+    def observe_validation(self, state: StateT, rnd: int, accuracy: float) -> StateT:
+        """The global model's accuracy on the validation parts after round ``rnd``."""
+        return state
+
     @classmethod
     def paper_setup(cls, dataset: str) -> dict[str, Any]:
         """Dotted settings that reproduce the algorithm's paper on ``dataset`` (e.g.

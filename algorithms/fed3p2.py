@@ -21,6 +21,12 @@ Phase 2 (rounds T1+1..T) trains filters and P-heads; W_e and W_g stay frozen at 
   their client.
 - The local model LM of client k: extractor -> the filter of k's group -> P-head_k.
 
+Phase switch: after ``phase1_rounds`` rounds (default T/2, a choice: the paper gives 100 rounds in all
+and no split), or with ``phase_switch="auto"`` when the GM's accuracy on the clients' held-out
+validation parts (``data.val_fraction``) has not improved by ``switch_delta`` for ``switch_patience``
+rounds (the paper's stated future work), at the latest after ``phase1_rounds`` rounds if given, else
+after T-1.
+
 Ablations (Table 2): ``filter_shared=false`` (no Type-B groups: every client keeps its own filter),
 ``coordinators=false`` (phase 1 is plain parallel FedAvg and phase 2 trains filter and P-head
 locally), ``two_phase=false`` (no coordinators, one phase: extractor, filter and G-head averaged as in
@@ -30,6 +36,7 @@ cross-entropies, a choice: the paper does not give it).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,7 +63,10 @@ FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 val
 class Fed3p2Config:
     num_type_a: int = 5  # Type-A coordinators (choice; the paper does not give the number)
     num_type_b: int = 5  # Type-B groups M (choice; the paper's A.2 varies it)
-    phase1_rounds: int | None = None  # T1; None: half the rounds (choice)
+    phase1_rounds: int | None = None  # T1; None: half the rounds (choice); with auto: the latest switch
+    phase_switch: str = "fixed"  # fixed | auto (switch when the GM's validation accuracy stalls)
+    switch_patience: int = 5  # auto: rounds without an improvement of switch_delta
+    switch_delta: float = 0.001
     filter_shared: bool = True  # Table 2 ablation: False = no Type-B groups, personal filters
     coordinators: bool = True  # Table 2 ablation: False = FedAvg phase 1, local phase 2
     two_phase: bool = True  # Table 2 ablation: False = one phase, no coordinators
@@ -96,6 +106,9 @@ class Fed3p2State:
     type_a: Grouping | None
     type_b: Grouping | None
     group_filters: tuple[ModelWeights | None, ...]  # per Type-B group, None until first aggregated
+    t1: int | None  # the last phase-1 round; None while the automatic switch has not happened
+    best_val: float = -1.0  # auto: the best validation accuracy of the GM so far
+    since_best: int = 0  # auto: rounds since it improved by switch_delta
 
 
 @dataclass(frozen=True)
@@ -113,9 +126,15 @@ class Fed3p2(Algorithm[Fed3p2State]):
 
     def __init__(self, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
         super().__init__(cfg, params)
-        self.t1 = cfg.rounds // 2 if params.phase1_rounds is None else params.phase1_rounds
+        self.auto = params.phase_switch == "auto" and params.two_phase
         if not params.two_phase:
-            self.t1 = cfg.rounds
+            self.fixed_t1: int | None = cfg.rounds
+        elif self.auto:
+            self.fixed_t1 = None
+        else:
+            self.fixed_t1 = cfg.rounds // 2 if params.phase1_rounds is None else params.phase1_rounds
+        #: auto: switch after this round at the latest
+        self.latest_t1 = params.phase1_rounds if params.phase1_rounds is not None else cfg.rounds - 1
         self.shared_filters = params.filter_shared and params.coordinators and params.two_phase
         self.use_type_a = params.coordinators and params.two_phase
 
@@ -150,17 +169,38 @@ class Fed3p2(Algorithm[Fed3p2State]):
             raise ConfigError(
                 f"Fed3+2p cannot have more Type-B groups ({params.num_type_b}) than clients ({cfg.clients})."
             )
+        if params.phase_switch not in ("fixed", "auto"):
+            raise ConfigError(f"Fed3+2p's phase_switch is 'fixed' or 'auto', not {params.phase_switch!r}.")
+        if params.phase_switch == "auto" and cfg.data.val_fraction <= 0:
+            raise ConfigError(
+                "Fed3+2p's automatic phase switch needs validation parts: set data.val_fraction (e.g. 0.1)."
+            )
+        if params.switch_patience < 1:
+            raise ConfigError(f"Fed3+2p's switch_patience must be at least 1, not {params.switch_patience}.")
         if params.phase1_rounds is not None and not 0 <= params.phase1_rounds <= cfg.rounds:
             raise ConfigError(
                 f"Fed3+2p's phase1_rounds must be between 0 and the rounds ({cfg.rounds}), not {params.phase1_rounds}."
             )
 
-    def phase(self, rnd: int) -> int:
-        return 1 if rnd <= self.t1 else 2
+    @staticmethod
+    def phase(state: Fed3p2State, rnd: int) -> int:
+        return 1 if state.t1 is None or rnd <= state.t1 else 2
 
-    def lr(self, rnd: int) -> float:
+    def phase_lr(self, state: Fed3p2State, rnd: int) -> float:
         """The schedule restarts from the initial rate when phase 2 begins."""
-        return super().lr(rnd if self.phase(rnd) == 1 else rnd - self.t1)
+        return self.lr(rnd if state.t1 is None or rnd <= state.t1 else rnd - state.t1)
+
+    def wants_validation(self, state: Fed3p2State, rnd: int) -> bool:
+        return self.auto and state.t1 is None
+
+    def observe_validation(self, state: Fed3p2State, rnd: int, accuracy: float) -> Fed3p2State:
+        """The automatic switch: phase 1 ends when the GM's validation accuracy has not improved by
+        ``switch_delta`` for ``switch_patience`` rounds (or at the latest round allowed)."""
+        improved = accuracy > state.best_val + self.params.switch_delta
+        best = accuracy if improved else state.best_val
+        since = 0 if improved else state.since_best + 1
+        t1 = rnd if since >= self.params.switch_patience or rnd >= self.latest_t1 else None
+        return dataclasses.replace(state, best_val=best, since_best=since, t1=t1)
 
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> Fed3p2State:
@@ -168,14 +208,15 @@ class Fed3p2(Algorithm[Fed3p2State]):
         type_a = type_a_grouping(counts, self.params.num_type_a) if self.use_type_a else None
         type_b = type_b_grouping(counts, self.params.num_type_b) if self.shared_filters else None
         groups = len(type_b.groups) if type_b is not None else 0
-        return Fed3p2State(0, ctx.init_weights.select(GLOBAL_PARTS), type_a, type_b, (None,) * groups)
+        gm = ctx.init_weights.select(GLOBAL_PARTS)
+        return Fed3p2State(0, gm, type_a, type_b, (None,) * groups, self.fixed_t1)
 
     def plan(self, state: Fed3p2State, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        lr = self.lr(rnd)
+        lr = self.phase_lr(state, rnd)
         if not self.params.two_phase:
             payload: Any = JointPayload(state.gm, lr)
             return [Job((c,), payload, pinned=True) for c in sampled]
-        if self.phase(rnd) == 1:
+        if self.phase(state, rnd) == 1:
             payload = WeightsPayload(state.gm, lr)
             if state.type_a is None:  # coordinators=false: plain parallel FedAvg
                 return [Job((c,), payload) for c in sampled]
@@ -199,7 +240,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
         return [Job((c,), by_group[int(group_of[c])], pinned=True) for c in sampled]
 
     def aggregate(self, state: Fed3p2State, rnd: int, results: Sequence[JobResult]) -> Fed3p2State:
-        if self.phase(rnd) == 1:
+        if self.phase(state, rnd) == 1:
             finals = [jr.final.weights for jr in results]
             assert all(w is not None for w in finals)
             if state.type_a is not None:
@@ -211,9 +252,9 @@ class Fed3p2(Algorithm[Fed3p2State]):
                 gm = weighted_mean(
                     [w for w in finals if w is not None], [jr.final.num_samples for jr in results]
                 )
-            return Fed3p2State(rnd, gm, state.type_a, state.type_b, state.group_filters)
+            return dataclasses.replace(state, rnd=rnd, gm=gm)
         if state.type_b is None:
-            return Fed3p2State(rnd, state.gm, state.type_a, None, state.group_filters)
+            return dataclasses.replace(state, rnd=rnd)
         filters = list(state.group_filters)
         group_of = state.type_b.assignment
         for g in range(len(filters)):
@@ -221,15 +262,15 @@ class Fed3p2(Algorithm[Fed3p2State]):
             if mine:  # Eq. 11: the group's filter, weighted by its sampled clients' data
                 uploads = [r.weights for r in mine if r.weights is not None]
                 filters[g] = weighted_mean(uploads, [r.num_samples for r in mine])
-        return Fed3p2State(rnd, state.gm, state.type_a, state.type_b, tuple(filters))
+        return dataclasses.replace(state, rnd=rnd, group_filters=tuple(filters))
 
     def eval_payload(self, state: Fed3p2State) -> Fed3p2Eval:
-        personal = not self.params.two_phase or self.phase(state.rnd) == 2
+        personal = not self.params.two_phase or (state.rnd > 0 and self.phase(state, state.rnd) == 2)
         group_of = tuple(int(g) for g in state.type_b.assignment) if state.type_b is not None else None
         return Fed3p2Eval(state.gm, personal, group_of, state.group_filters)
 
     def round_scalars(self, state: Fed3p2State, rnd: int) -> dict[str, float]:
-        out = {"phase": float(self.phase(rnd))}
+        out = {"phase": float(self.phase(state, rnd))}
         if state.type_a is not None:
             out["type_a_objective"] = state.type_a.objective
         if state.type_b is not None:
@@ -245,7 +286,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
         out = {}
         if rnd == 1 and state.type_a is not None:
             out["type_a_groups"] = describe(state.type_a)
-        if rnd == self.t1 + 1 and state.type_b is not None:
+        if state.t1 is not None and rnd == state.t1 + 1 and state.type_b is not None:
             out["type_b_groups"] = describe(state.type_b)
         return out
 

@@ -49,6 +49,9 @@ class DataConfig:
     test_mode: str = "matched"  # matched | split:F (pool train+test, F of each client's data for test)
     min_samples: int = 10  # dirichlet: redraw until every client has this many (choice)
     samples_per_client: int = 600  # dominant: samples per client (600; 1000 for EMNIST)
+    #: hold out this fraction of each client's training data as its validation part (never trained
+    #: on), for model selection such as Fed3+2p's automatic phase switch
+    val_fraction: float = 0.0
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -285,6 +288,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.data.dataset not in DATASETS:
         raise ConfigError(f"Unknown dataset {cfg.data.dataset!r} (known: {', '.join(DATASETS)}).")
     parse_partition(cfg.data.partition)
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"The validation fraction must be in [0, 1), not {cfg.data.val_fraction}.")
     parse_test_mode(cfg.data.test_mode)
     t = cfg.train
     if t.local_epochs < 0:

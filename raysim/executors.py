@@ -40,6 +40,8 @@ class Executor(Protocol):
 
     def evaluate(self, rnd: int) -> EvalReport: ...
 
+    def validate(self, rnd: int) -> float: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -64,6 +66,18 @@ def eval_targets(data: FederatedData) -> list[EvalTarget]:
     if data.ptest is data.gtest:
         return [EvalTarget("ptest", np.union1d(ptest_union, all_gtest))]
     return [EvalTarget("ptest", ptest_union), EvalTarget("gtest", all_gtest)]
+
+
+def validation_target(data: FederatedData) -> EvalTarget:
+    """The clients' validation parts (indices into ``data.train``)."""
+    return EvalTarget(
+        "train", np.unique(np.concatenate(data.client_val)) if data.num_clients else np.zeros(0, np.int64)
+    )
+
+
+def accuracy_of(parts: Sequence[EvalPart]) -> float:
+    correct = np.concatenate([p.global_correct[0] for p in parts])
+    return float(correct.mean()) if correct.size else float("nan")
 
 
 def split_targets(targets: Sequence[EvalTarget], parts: int) -> list[list[EvalTarget]]:
@@ -130,6 +144,12 @@ class SerialExecutor:
         clients = list(range(self.data.num_clients)) if algo.has_personal_model else []
         part = self.runtime.evaluate(rnd, self.server.eval_payload(), targets, clients)
         return assemble_report(self.data, targets, [part], algo.has_global_model)
+
+    def validate(self, rnd: int) -> float:
+        part = self.runtime.evaluate(rnd, self.server.eval_payload(), [validation_target(self.data)], [])
+        accuracy = accuracy_of([part])
+        self.server.observe_validation(rnd, accuracy)
+        return accuracy
 
     def shutdown(self) -> None:
         pass
@@ -211,6 +231,9 @@ class ServerActor:
 
     def eval_payload(self) -> Any:
         return self.host.eval_payload()
+
+    def observe_validation(self, rnd: int, accuracy: float) -> None:
+        self.host.observe_validation(rnd, accuracy)
 
 
 class RayExecutor:
@@ -311,6 +334,16 @@ class RayExecutor:
             )
             futures.append(worker.evaluate.remote(rnd, payload, chunks[w], clients))
         return assemble_report(self.data, targets, ray.get(futures), self.has_global)
+
+    def validate(self, rnd: int) -> float:
+        import ray
+
+        payload = self.server.eval_payload.remote()
+        chunks = split_targets([validation_target(self.data)], self.num_workers)
+        parts = ray.get([w.evaluate.remote(rnd, payload, chunks[i], []) for i, w in enumerate(self.workers)])
+        accuracy = accuracy_of(parts)
+        ray.get(self.server.observe_validation.remote(rnd, accuracy))
+        return accuracy
 
     def shutdown(self) -> None:
         import ray

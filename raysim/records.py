@@ -22,13 +22,14 @@ class RoundStats:
     bytes_up: int
     scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
     texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
+    validate: bool = False  # the algorithm asks for the global model's validation accuracy
 
 
 @dataclass(frozen=True)
 class EvalTarget:
     """Samples the global model predicts: ``indices`` into ``data.ptest`` or ``data.gtest``."""
 
-    pool: str  # "ptest" | "gtest"
+    pool: str  # "ptest" | "gtest" | "train" (the clients' validation parts)
     indices: np.ndarray
 
 

@@ -8,6 +8,7 @@ Everything that can be wrong with the input is checked in :func:`prepare` before
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -122,6 +123,9 @@ def run_experiment(
             t = time.perf_counter()
             stats = executor.train_round(rnd, sampled)
             round_time = time.perf_counter() - t
+            if stats.validate:  # the algorithm asked for the global model's validation accuracy
+                accuracy = executor.validate(rnd)
+                stats = dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", accuracy)))
             train_time += round_time
             for cb in all_callbacks:
                 cb.on_round(stats, round_time)

@@ -52,7 +52,11 @@ class ServerHost:
             bytes_up=sum(r.bytes_up for r in flat),
             scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
             texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),
+            validate=self.algo.wants_validation(self.state, rnd),
         )
+
+    def observe_validation(self, rnd: int, accuracy: float) -> None:
+        self.state = self.algo.observe_validation(self.state, rnd, accuracy)
 
     def eval_payload(self) -> Any:
         return self.algo.eval_payload(self.state)

@@ -37,10 +37,18 @@ class FederatedData:
     ptest: ArrayDataset
     client_train: tuple[np.ndarray, ...]
     client_test: tuple[np.ndarray, ...]
+    #: per client, indices into ``train`` held out from training (``data.val_fraction``); empty
+    #: arrays when there is no validation part
+    client_val: tuple[np.ndarray, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.client_train) != len(self.client_test):
             raise ValueError("client_train and client_test must have one entry per client.")
+        if not self.client_val:
+            empty = tuple(np.zeros(0, dtype=np.int64) for _ in self.client_train)
+            object.__setattr__(self, "client_val", empty)
+        if len(self.client_val) != len(self.client_train):
+            raise ValueError("client_val must have one entry per client.")
 
     @property
     def num_clients(self) -> int:
@@ -122,6 +130,16 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> Federa
             client_test.append(np.sort(shuffled[:n_test]))
             client_train.append(np.sort(shuffled[n_test:]))
         data = FederatedData(pooled, test, pooled, tuple(client_train), tuple(client_test))
+
+    if cfg.val_fraction > 0:  # each client's validation part: a seeded share of its training data
+        val_rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        kept, held = [], []
+        for part in data.client_train:
+            shuffled = val_rng.permutation(part)
+            n_val = split_test_size(len(part), cfg.val_fraction)
+            held.append(np.sort(shuffled[:n_val]))
+            kept.append(np.sort(shuffled[n_val:]))
+        data = FederatedData(data.train, data.gtest, data.ptest, tuple(kept), data.client_test, tuple(held))
 
     sizes = np.array([len(i) for i in data.client_train])
     logger.info(

@@ -136,8 +136,41 @@ def test_phase2_freezes_extractor_and_ghead_shares_filters_keeps_pheads(tmp_path
 
 def test_phase2_lr_restarts(tmp_path):
     ex = _executor(tmp_path, rounds=10, **{"train.lr_decay": 0.5})
-    algo = ex.server.algo
-    assert algo.lr(1) == algo.lr(6) == 0.05 and algo.lr(7) == 0.025
+    algo, state = ex.server.algo, ex.server.state
+    assert state.t1 == 5
+    assert algo.phase_lr(state, 1) == algo.phase_lr(state, 6) == 0.05 and algo.phase_lr(state, 7) == 0.025
+
+
+def test_automatic_phase_switch_on_validation_plateau(tmp_path):
+    changes = {
+        "rounds": 8,
+        "train.lr": 0.01,
+        "data.val_fraction": 0.2,
+        "algo.phase_switch": "auto",
+        "algo.switch_patience": 2,
+        "algo.switch_delta": 0.02,
+    }
+    result = run_experiment(tiny_config(tmp_path, **{**SETUP, **changes}))
+    phases = [r["phase"] for r in result.rows]
+    t1 = phases.count(1.0)
+    assert phases == [1.0] * t1 + [2.0] * (8 - t1) and 1 <= t1 <= 7
+    vals = [r["val_gm"] for r in result.rows[:t1]]  # the GM's validation accuracy, phase-1 rounds only
+    assert all("val_gm" not in r for r in result.rows[t1:])
+    best, since, expected = -1.0, 0, None
+    for rnd, v in enumerate(vals, start=1):
+        since = 0 if v > best + 0.02 else since + 1
+        best = max(best, v) if since == 0 else best
+        if since >= 2 or rnd >= 7:
+            expected = rnd
+            break
+    assert expected == t1
+
+
+def test_automatic_switch_needs_a_validation_part(tmp_path):
+    from raysim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="val_fraction"):
+        prepare(tiny_config(tmp_path, **{**SETUP, "algo.phase_switch": "auto"}))
 
 
 @pytest.mark.parametrize(

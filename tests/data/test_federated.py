@@ -137,3 +137,29 @@ def test_fast_on_fmnist_sized_data(partition: str, monkeypatch: pytest.MonkeyPat
     elapsed = time.perf_counter() - start
     assert data.num_clients == 100 and min(len(i) for i in data.client_test) >= 1
     assert elapsed < 1.0, f"{partition} took {elapsed:.2f} s"
+
+
+def test_validation_parts_are_held_out_of_training():
+    from raysim.config import SyntheticConfig
+
+    cfg = DataConfig(
+        dataset="synthetic",
+        partition="dirichlet:0.5",
+        val_fraction=0.2,
+        synthetic=SyntheticConfig(shape=(1, 2, 2)),
+    )
+    data = build_federated_data(cfg, 10, seed=0)
+    plain = build_federated_data(
+        DataConfig(
+            dataset="synthetic", partition="dirichlet:0.5", synthetic=SyntheticConfig(shape=(1, 2, 2))
+        ),
+        10,
+        seed=0,
+    )
+    for train, val, whole in zip(data.client_train, data.client_val, plain.client_train, strict=True):
+        assert len(np.intersect1d(train, val)) == 0
+        np.testing.assert_array_equal(np.union1d(train, val), whole)  # the same partition, split again
+        assert abs(len(val) - 0.2 * len(whole)) <= 1
+    assert all(len(v) == 0 for v in plain.client_val)
+    again = build_federated_data(cfg, 10, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(again.client_val, data.client_val, strict=True))
