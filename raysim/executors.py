@@ -9,8 +9,8 @@ Placement. A client has a home worker (clients are spread over workers by traini
 first). Pinned jobs (``Job.pinned``: their clients keep personal state) run on the clients' home
 workers, so that state never moves; a chain whose clients live on several workers runs
 as segments, each segment's result passed to the next worker as an ObjectRef that never visits the
-driver. Jobs of stateless algorithms go to the least-loaded worker of the round (longest job first),
-since where a job runs does not change its numbers: every random draw is keyed by (seed, round,
+driver. Unpinned jobs go to the least-loaded worker of the round (longest job first), since where a
+job runs does not change its numbers: every random draw is keyed by (seed, round,
 client, purpose) and every job trains with the configured number of threads.
 """
 
@@ -47,7 +47,8 @@ class Executor(Protocol):
 
 def lpt_assign(costs: Sequence[float], bins: int, loads: list[float] | None = None) -> list[int]:
     """Longest processing time first: each item, largest first, to the least-loaded bin (ties to the
-    lower index). Deterministic; returns the bin of each item."""
+    lower index), starting from ``loads`` (updated in place) if given. Deterministic; returns the
+    bin of each item."""
     loads = [0.0] * bins if loads is None else loads
     out = [0] * len(costs)
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):

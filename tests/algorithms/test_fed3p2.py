@@ -216,3 +216,17 @@ def test_fed3p2_learns_on_synthetic(tmp_path):
     assert rows[2]["gm_gtest"] > 0.5 and rows[0]["lm_ptest"] is None
     assert rows[-1]["gm_gtest"] == rows[2]["gm_gtest"]  # GM frozen in phase 2
     assert rows[-1]["lm_ptest"] > max(rows[3]["lm_ptest"], 0.5)  # the fresh filters and P-heads learn
+
+
+def test_tensorboard_gets_phase_groupings_and_objectives(tmp_path):
+    ex = _executor(tmp_path, rounds=4)
+    algo, state = ex.server.algo, ex.server.state
+    texts = algo.round_texts(state, 1)
+    assert set(texts) == {"type_a_groups"} and texts["type_a_groups"].startswith(
+        f"objective {state.type_a.objective:.6f}"
+    )
+    assert set(algo.round_texts(state, 3)) == {"type_b_groups"}  # phase 2 starts at round 3
+    assert algo.round_texts(state, 2) == {}
+    scalars = algo.round_scalars(state, 3)
+    assert scalars["phase"] == 2.0 and scalars["type_a_objective"] == state.type_a.objective
+    assert scalars["type_b_objective"] == state.type_b.objective
