@@ -161,17 +161,19 @@ class Fed3p2(Algorithm[Fed3p2State]):
     def check(cls, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
         if params.num_type_a < 1 or params.num_type_b < 1:
             raise ConfigError("Fed3+2p needs at least one Type-A and one Type-B coordinator.")
-        if params.coordinators and params.num_type_a > cfg.clients:
+        uses_type_a = params.coordinators and params.two_phase
+        uses_type_b = uses_type_a and params.filter_shared
+        if uses_type_a and params.num_type_a > cfg.clients:
             raise ConfigError(
                 f"Fed3+2p cannot have more Type-A coordinators ({params.num_type_a}) than clients ({cfg.clients})."
             )
-        if params.filter_shared and params.num_type_b > cfg.clients:
+        if uses_type_b and params.num_type_b > cfg.clients:
             raise ConfigError(
                 f"Fed3+2p cannot have more Type-B groups ({params.num_type_b}) than clients ({cfg.clients})."
             )
         if params.phase_switch not in ("fixed", "auto"):
             raise ConfigError(f"Fed3+2p's phase_switch is 'fixed' or 'auto', not {params.phase_switch!r}.")
-        if params.phase_switch == "auto" and cfg.data.val_fraction <= 0:
+        if params.phase_switch == "auto" and params.two_phase and cfg.data.val_fraction <= 0:
             raise ConfigError(
                 "Fed3+2p's automatic phase switch needs validation parts: set data.val_fraction (e.g. 0.1)."
             )
