@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,7 @@ class ClientContext:
         *,
         epochs: int | None = None,
         loss_fn: LossFn = cross_entropy,
-        after_backward: Any = None,
+        after_backward: Callable[[], None] | None = None,
     ) -> TrainStats:
         """The shared loop (:func:`raysim.train.local_train`) on this client's batches."""
         t = self.cfg.train

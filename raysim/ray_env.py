@@ -88,8 +88,10 @@ def start_ray(cfg: ExperimentConfig) -> bool:
         try:
             ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
         except Exception as e:  # connection and auth failures: the user's cluster, not a bug
+            reason = str(e).splitlines()[0].rstrip(".")
             raise ConfigError(
-                f"Could not join the Ray cluster at {address}: {str(e).splitlines()[0]}"
+                f"Could not join the Ray cluster at {address} ({reason}); if it uses token authentication, "
+                "set RAY_AUTH_MODE=token and put its token in ~/.ray/auth_token or RAY_AUTH_TOKEN."
             ) from None
         log.info("joined the Ray cluster at %s", address)
         return True

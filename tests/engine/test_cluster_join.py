@@ -1,0 +1,50 @@
+"""Joining an existing Ray cluster with --address: a real two-node cluster (``ray.cluster_utils``:
+its own GCS and two raylets on this machine, one CPU each, so the two one-CPU client workers must
+land on different nodes), with the same numbers as the serial run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = [
+    "--algo", "fedavg", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "8",
+    "--participation", "0.5", "--rounds", "2", "--local-epochs", "1", "--threads", "1",
+    "--no-progress", "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=800",
+]  # fmt: skip
+
+
+def _run(args, tmp_path, name, env=None):
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run.py"), *ARGS, *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), pq.read_table(
+        out / "metrics.parquet"
+    ).to_pylist()
+
+
+@pytest.mark.ray
+def test_join_a_two_node_cluster_and_match_the_serial_run(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+        _, joined = _run(["--address", cluster.address, "--workers", "2"], tmp_path, "joined", env)
+        _, serial = _run(["--executor", "serial"], tmp_path, "serial")
+        strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
+        assert strip(joined) == strip(serial)
+    finally:
+        cluster.shutdown()
