@@ -41,7 +41,9 @@ def test_join_a_two_node_cluster_and_match_the_serial_run(tmp_path):
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+        # the driver joins with this process's settings, token authentication included: the
+        # cluster's nodes were started from here with them
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         _, joined = _run(["--address", cluster.address, "--workers", "2"], tmp_path, "joined", env)
         _, serial = _run(["--executor", "serial"], tmp_path, "serial")
         strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
