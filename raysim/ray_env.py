@@ -100,12 +100,17 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     if cfg.ray.object_store_mb:
         kwargs["object_store_memory"] = cfg.ray.object_store_mb * 1024 * 1024
     ray.init(
+        address="local",  # a new Ray of our own, even where `ray start` left a cluster running
         include_dashboard=False,
         logging_level=logging.WARNING,
         runtime_env=runtime_env,
         **kwargs,  # type: ignore[arg-type]
     )
-    log.info("started local Ray (%s CPUs)", ray.cluster_resources().get("CPU"))
+    log.info(
+        "started local Ray at %s (%s CPUs)",
+        ray.get_runtime_context().gcs_address,
+        ray.cluster_resources().get("CPU"),
+    )
     return True
 
 

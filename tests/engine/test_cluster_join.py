@@ -46,6 +46,15 @@ def test_join_a_two_node_cluster_and_match_the_serial_run(tmp_path):
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         _, joined = _run(["--address", cluster.address, "--workers", "2"], tmp_path, "joined", env)
         _, serial = _run(["--executor", "serial"], tmp_path, "serial")
+        # with a cluster running on this machine, a run without --address still starts its own Ray
+        # (plain ray.init() would join the cluster `ray start` or this test left behind)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "run.py"), *ARGS, "--workers", "2", "--out", str(tmp_path / "local")],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        started = [line for line in proc.stderr.splitlines() if "started local Ray at" in line]
+        assert started and cluster.address not in started[0], started
         strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
         assert strip(joined) == strip(serial)
     finally:
