@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,7 +41,13 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(cfg: ExperimentConfig) -> torch.device:
+    """CUDA when the worker was given a share of a GPU (``ray.gpus_per_worker`` > 0; Ray sets
+    ``CUDA_VISIBLE_DEVICES`` to its GPU), else the CPU. On CUDA, cuDNN and cuBLAS are made
+    deterministic, so serial and Ray runs on the GPU give the same numbers as each other."""
     if cfg.ray.gpus_per_worker > 0 and torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
         return torch.device("cuda")
     return torch.device("cpu")
 

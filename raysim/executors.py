@@ -271,12 +271,13 @@ class RayExecutor:
         server_cls: Any = ray.remote(ServerActor)
         self.server = server_cls.options(num_cpus=0).remote(cfg, stats, init_weights)
         try:
-            devices = ray.get(setups)
+            devices: list[str] = ray.get(setups)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ConfigError):
                 raise e.cause from None
             raise
         ray.get(self.server.setup.remote())
+        self.devices = devices  # each worker's torch device, e.g. "cuda" on a share of a GPU
         log.info("%d client workers ready (%s)", num_workers, ", ".join(sorted(set(devices))))
 
     def _placement(self, jobs: Sequence[Job]) -> list[list[tuple[int, int, int]]]:

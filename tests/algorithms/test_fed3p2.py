@@ -96,6 +96,20 @@ def test_eq4_server_update(tmp_path):
         np.testing.assert_allclose(arr, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_eq4_with_all_training_data_as_denominator(tmp_path):
+    ex = _executor(tmp_path, rounds=4, **{"algo.server_denominator": "all"})
+    algo, state = ex.server.algo, ex.server.state
+    total = int(ex.data.train_label_counts().sum())
+    assert state.data_size == total > 40
+    w = state.gm
+    ones = ModelWeights(**{n: np.ones_like(a) for n, a in w.items()})
+    results = [JobResult(Job((0, 1), None), (ClientResult(0, 10, 0.0, ones), ClientResult(1, 30, 0.0, ones)))]
+    new = algo.aggregate(state, 1, results).gm
+    for name, arr in new.items():  # the step is damped to |D^c| / (all clients' data) = 40 / total
+        expected = w.part(name).astype(np.float64) - 40 / total * (w.part(name) - 1.0)
+        np.testing.assert_allclose(arr, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_phase2_freezes_extractor_and_ghead_shares_filters_keeps_pheads(tmp_path):
     ex = _executor(tmp_path, rounds=4, **{"algo.phase1_rounds": 2, "participation": 1.0})
     rec = Recorder(ex.server)
@@ -149,6 +163,7 @@ def test_automatic_phase_switch_on_validation_plateau(tmp_path):
         "algo.phase_switch": "auto",
         "algo.switch_patience": 2,
         "algo.switch_delta": 0.02,
+        "algo.switch_smoothing": 0.5,
     }
     result = run_experiment(tiny_config(tmp_path, **{**SETUP, **changes}))
     phases = [r["phase"] for r in result.rows]
@@ -156,14 +171,37 @@ def test_automatic_phase_switch_on_validation_plateau(tmp_path):
     assert phases == [1.0] * t1 + [2.0] * (8 - t1) and 1 <= t1 <= 7
     vals = [r["val_gm"] for r in result.rows[:t1]]  # the GM's validation accuracy, phase-1 rounds only
     assert all("val_gm" not in r for r in result.rows[t1:])
-    best, since, expected = -1.0, 0, None
+    best, since, expected, smoothed = -1.0, 0, None, None
     for rnd, v in enumerate(vals, start=1):
-        since = 0 if v > best + 0.02 else since + 1
-        best = max(best, v) if since == 0 else best
+        smoothed = v if smoothed is None else 0.5 * smoothed + 0.5 * v
+        since = 0 if smoothed > best + 0.02 else since + 1
+        best = smoothed if since == 0 else best
         if since >= 2 or rnd >= 7:
             expected = rnd
             break
     assert expected == t1
+
+
+def test_automatic_switch_smooths_a_swinging_accuracy(tmp_path):
+    """One lucky round must not end phase 1: the raw accuracy swings while its moving average climbs
+    (the phase-1 GM does this on FMNIST); on the raw accuracy (smoothing 0) the switch comes early."""
+    swings = [0.3, 0.6, 0.35, 0.55, 0.75, 0.45, 0.6, 0.5, 0.65, 0.55, 0.7, 0.6, 0.72, 0.66, 0.75, 0.7, 0.78]
+
+    def switch_round(smoothing):
+        ex = _executor(
+            tmp_path / str(smoothing),
+            rounds=60,
+            **{"algo.phase_switch": "auto", "data.val_fraction": 0.2, "algo.switch_smoothing": smoothing},
+        )
+        algo, state = ex.server.algo, ex.server.state
+        for rnd, acc in enumerate(swings + [0.76] * 40, start=1):  # then a plateau
+            state = algo.observe_validation(state, rnd, acc)
+            if state.t1 is not None:
+                return state.t1
+        return None
+
+    assert switch_round(0.0) == 15  # the lucky 0.75 of round 5, then 10 rounds without beating it
+    assert len(swings) + 10 <= switch_round(0.8) < 59  # patience (10) rounds into the plateau
 
 
 def test_automatic_switch_needs_a_validation_part(tmp_path):

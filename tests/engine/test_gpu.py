@@ -1,0 +1,64 @@
+"""The GPU path (issue 3's device check): client workers share one GPU through fractional
+``num_gpus`` and train on CUDA, with the same numbers as the serial executor on the same GPU.
+Skipped where PyTorch sees no GPU; run on a GPU machine with ``pytest -m gpu``."""
+
+from __future__ import annotations
+
+import pytest
+
+from raysim.runner import run_experiment
+from tests.conftest import tiny_config
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SETUP = {
+    "algo": "fed3p2",
+    "model": "cnn3p2_fmnist",
+    "data.synthetic.shape": (1, 16, 16),
+    "clients": 10,
+    "rounds": 4,
+    "algo.num_type_a": 3,
+    "algo.num_type_b": 3,
+    "algo.phase1_rounds": 2,
+    "eval.every": 1,
+}
+
+
+def _metrics(result):
+    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in result.rows]
+
+
+def test_workers_sharing_one_gpu_train_on_cuda_and_match_serial(tmp_path, ray_local):
+    import ray
+
+    from raysim.executors import RayExecutor
+    from raysim.runner import prepare
+
+    assert ray.cluster_resources().get("GPU", 0) >= 1
+    serial = run_experiment(tiny_config(tmp_path / "s", **SETUP, **{"ray.gpus_per_worker": 1.0}))
+    shared = run_experiment(
+        tiny_config(
+            tmp_path / "r",
+            **SETUP,
+            **{"ray.executor": "ray", "ray.workers": 2, "ray.gpus_per_worker": 0.5},
+        )
+    )
+    assert _metrics(shared) == _metrics(serial)
+    assert serial.final["lm_ptest"] is not None
+
+    # four workers, a quarter of the one GPU each, all placed at once and all on CUDA
+    cfg = tiny_config(
+        tmp_path / "w",
+        **SETUP,
+        **{"ray.executor": "ray", "ray.workers": 4, "ray.gpus_per_worker": 0.25, "ray.cpus_per_worker": 0.5},
+    )
+    executor = RayExecutor(cfg, prepare(cfg), 4)
+    try:
+        assert executor.devices == ["cuda"] * 4
+    finally:
+        executor.shutdown()
