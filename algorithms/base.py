@@ -99,10 +99,15 @@ class ClientStats:
 
     train_sizes: np.ndarray  # (N,) training samples per client
     label_counts: np.ndarray  # (N, C) training label counts per client
+    input_shape: tuple[int, ...] = ()  # one sample's shape, e.g. (1, 28, 28): for a server-side model
 
     @classmethod
-    def from_label_counts(cls, label_counts: np.ndarray) -> ClientStats:
-        return cls(train_sizes=label_counts.sum(axis=1), label_counts=label_counts)
+    def from_label_counts(cls, label_counts: np.ndarray, input_shape: tuple[int, ...] = ()) -> ClientStats:
+        return cls(train_sizes=label_counts.sum(axis=1), label_counts=label_counts, input_shape=input_shape)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.label_counts.shape[1])
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,11 @@ class Algorithm(Generic[StateT]):
     #: which metrics apply (the others are reported as null)
     has_global_model: ClassVar[bool] = True
     has_personal_model: ClassVar[bool] = False
+    #: run a round 0 over every client before round 1 (``plan`` and ``aggregate`` get ``rnd=0``),
+    #: e.g. FedFCD's first upload of class prototypes; it is not a training round and is not logged
+    prologue: ClassVar[bool] = False
+    #: other names of Config fields, e.g. ``{"lambda": "lam"}`` so that ``--set algo.lambda=0`` works
+    aliases: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -154,6 +164,11 @@ class Algorithm(Generic[StateT]):
 
     def round_texts(self, state: StateT, rnd: int) -> dict[str, str]:
         """Text for TensorBoard after round ``rnd`` (a grouping, when it is made)."""
+        return {}
+
+    def round_images(self, state: StateT, rnd: int) -> dict[str, np.ndarray]:
+        """Pictures for TensorBoard after an evaluated round ``rnd`` (uint8, (H, W) or (H, W, 3)),
+        e.g. FedPAC's combination weights."""
         return {}
 
     def wants_validation(self, state: StateT, rnd: int) -> bool:
@@ -211,8 +226,9 @@ class Algorithm(Generic[StateT]):
         """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None."""
         return None
 
-    def personal_forward(self, model: SplitModel) -> Any:
-        """The forward function a personal model predicts with (default: the global path)."""
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+        """The forward function (inputs to class scores) a personal model predicts with (default:
+        the global path); e.g. fused logits, or distances to prototypes from ``eval_payload``."""
         return model
 
 
@@ -256,7 +272,8 @@ def algorithm_params(cfg: ExperimentConfig) -> Any:
     """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
     checked against the rest of ``cfg``."""
     cls = algorithm_class(cfg.algo)
-    params = from_dict(cls.Config, cfg.algo_params, where="algo")
+    raw = {cls.aliases.get(k, k): v for k, v in cfg.algo_params.items()}
+    params = from_dict(cls.Config, raw, where="algo")
     cls.check(cfg, params)
     return params
 
@@ -295,3 +312,17 @@ __all__ = [
     "register",
     "resolve_config",
 ]
+
+
+def server_model(ctx: ServerContext) -> SplitModel:
+    """The model, built on the server with the clients' seeded initial weights, for algorithms
+    that train a part there (FedFCD's and FedGH's global head). Imports PyTorch."""
+    from raysim import rng
+    from raysim.models import build_model
+    from raysim.weights import set_weights
+
+    model = build_model(
+        ctx.cfg.model, ctx.clients.input_shape, ctx.clients.num_classes, rng.int_seed(ctx.cfg.seed, "init")
+    )
+    set_weights(model, ctx.init_weights)
+    return model

@@ -381,7 +381,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
         )
         return ctx.model
 
-    def personal_forward(self, model: SplitModel) -> Any:
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         return model.personal_forward
 
 

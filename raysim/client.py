@@ -116,14 +116,17 @@ class ClientContext:
         lr: float,
         *,
         epochs: int | None = None,
+        first_epoch: int = 0,
         loss_fn: LossFn = cross_entropy,
         after_backward: Callable[[], None] | None = None,
     ) -> TrainStats:
-        """The shared loop (:func:`raysim.train.local_train`) on this client's batches."""
+        """The shared loop (:func:`raysim.train.local_train`) on this client's batches.
+        ``first_epoch`` numbers the epochs' shuffles when one local epoch is trained in several
+        calls (FedFCD's alternating updates), so each epoch still gets its own order."""
         t = self.cfg.train
         return local_train(
             self.model,
-            self.batches,
+            lambda epoch: self.batches(first_epoch + epoch),
             epochs=t.local_epochs if epochs is None else epochs,
             parts=parts,
             sgd=SGDConfig(lr, t.momentum, t.weight_decay),
@@ -240,7 +243,7 @@ class ClientRuntime:
                 personal.append((c, None))
                 continue
             pm.eval()
-            forward = self.algo.personal_forward(pm)
+            forward = self.algo.personal_forward(pm, eval_payload)
             personal.append(
                 (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
             )

@@ -129,7 +129,7 @@ class SerialExecutor:
         self.cfg = cfg
         self.data = data
         self.runtime = ClientRuntime(cfg, data)
-        stats = ClientStats.from_label_counts(data.train_label_counts())
+        stats = ClientStats.from_label_counts(data.train_label_counts(), data.train.input_shape)
         self.server = ServerHost(cfg, stats, self.runtime.initial_weights)
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
@@ -254,7 +254,7 @@ class RayExecutor:
         data_ref = self.data_ref = ray.put(data)  # once; workers read the arrays zero-copy
         # the driver keeps the object-store copy too, not a private one of its own
         self.data: FederatedData = ray.get(data_ref)
-        stats = ClientStats.from_label_counts(data.train_label_counts())
+        stats = ClientStats.from_label_counts(data.train_label_counts(), data.train.input_shape)
         worker_cls: Any = ray.remote(ClientWorker)
         self.workers: list[Any] = [
             worker_cls.options(

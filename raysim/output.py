@@ -106,6 +106,8 @@ class TensorBoardWriter(BaseCallback):
             w.add_scalar(f"algo/{name}", value, r)
         for name, text in stats.texts:
             w.add_text(f"algo/{name}", text, r)
+        for name, image in stats.images:
+            w.add_image(f"algo/{name}", image, r)
 
     def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
         for key, value in row.items():

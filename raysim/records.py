@@ -6,6 +6,7 @@ Plain dataclasses of numbers and NumPy arrays, so the driver reads them without 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ class RoundStats:
     bytes_up: int
     scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
     texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
+    images: tuple[tuple[str, Any], ...] = ()  # (tag, uint8 image) (Algorithm.round_images)
     validate: bool = False  # the algorithm asks for the global model's validation accuracy
 
 

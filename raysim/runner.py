@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from algorithms.base import algorithm_params
+from algorithms.base import algorithm_class, algorithm_params
 from raysim import rng
 from raysim.config import ExperimentConfig, validate
 from raysim.data import FederatedData, build_federated_data
@@ -118,6 +118,8 @@ def run_experiment(
     try:
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
+        if algorithm_class(cfg.algo).prologue:  # round 0: every client, before training (FedFCD)
+            executor.train_round(0, list(range(cfg.clients)))
         for rnd in range(1, cfg.rounds + 1):
             sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
             t = time.perf_counter()

@@ -52,6 +52,9 @@ class ServerHost:
             bytes_up=sum(r.bytes_up for r in flat),
             scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
             texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),
+            images=tuple(sorted(self.algo.round_images(self.state, rnd).items()))
+            if rnd == self.cfg.rounds or (self.cfg.eval.every > 0 and rnd % self.cfg.eval.every == 0)
+            else (),
             validate=self.algo.wants_validation(self.state, rnd),
         )
 

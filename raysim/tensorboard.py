@@ -6,7 +6,9 @@ import on start-up); the events are the same protocol buffers TensorBoard reads.
 
 from __future__ import annotations
 
+import struct
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +61,47 @@ class EventWriter:
         )
         self._add(summary_pb2.Summary.Value(tag=tag, histo=hist), step)
 
+    def add_image(self, tag: str, image: np.ndarray, step: int) -> None:
+        """An (H, W) or (H, W, 3) uint8 image."""
+        img = np.asarray(image, dtype=np.uint8)
+        h, w = img.shape[:2]
+        channels = 1 if img.ndim == 2 else img.shape[2]
+        summary_image = summary_pb2.Summary.Image(
+            height=h, width=w, colorspace=channels, encoded_image_string=encode_png(img)
+        )
+        self._add(summary_pb2.Summary.Value(tag=tag, image=summary_image), step)
+
     def flush(self) -> None:
         self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """PNG bytes of an (H, W) grey or (H, W, 3) RGB uint8 image (8 bits, no filtering)."""
+    img = np.ascontiguousarray(image, dtype=np.uint8)
+    h, w = img.shape[:2]
+    colour = 0 if img.ndim == 2 else 2
+    rows = img.reshape(h, -1)
+    raw = b"".join(b"\x00" + rows[i].tobytes() for i in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, colour, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+def heat_map(matrix: np.ndarray, cell: int = 12) -> np.ndarray:
+    """An RGB picture of a matrix with values in [0, 1]: white 0 to dark blue 1, each entry a
+    ``cell`` x ``cell`` square (e.g. FedPAC's combination weights, a row per client)."""
+    m = np.clip(np.nan_to_num(np.asarray(matrix, dtype=np.float64)), 0.0, 1.0)
+    white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+    rgb = (white + m[..., None] * (blue - white)).round().astype(np.uint8)
+    return np.repeat(np.repeat(rgb, cell, axis=0), cell, axis=1)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 PARTS = ("extractor", "filter", "head", "phead")
 #: the parts of the global path extractor -> filter -> head
 GLOBAL_PARTS = ("extractor", "filter", "head")
+BODY = ("extractor", "filter")  # what makes the representation the heads read
 
 
 @dataclass(frozen=True, eq=False)
