@@ -42,17 +42,20 @@ def solve_weights(p: np.ndarray, i: int) -> np.ndarray:
     k = p.shape[0]
     fallback = np.zeros(k)
     fallback[i] = 1.0
-    sym = (p + p.T) / 2
-    w, q = np.linalg.eigh(sym)
-    if w.min() < 0:
-        sym = repair_psd(sym)
-        w, q = np.linalg.eigh(sym)
-    root = q * np.sqrt(np.clip(w, 0.0, None))  # P = root @ root.T
+    if not np.isfinite(p).all():
+        log.warning("FedPAC: client position %d has non-finite statistics; own head kept", i)
+        return fallback
     alpha = cp.Variable(k)
-    problem = cp.Problem(cp.Minimize(cp.sum_squares(root.T @ alpha)), [alpha >= 0, cp.sum(alpha) == 1])
     try:
+        sym = (p + p.T) / 2
+        w, q = np.linalg.eigh(sym)
+        if w.min() < 0:
+            sym = repair_psd(sym)
+            w, q = np.linalg.eigh(sym)
+        root = q * np.sqrt(np.clip(w, 0.0, None))  # P = root @ root.T
+        problem = cp.Problem(cp.Minimize(cp.sum_squares(root.T @ alpha)), [alpha >= 0, cp.sum(alpha) == 1])
         problem.solve(solver=cp.CLARABEL)
-    except cp.error.SolverError as e:
+    except (cp.error.SolverError, np.linalg.LinAlgError) as e:
         log.warning("FedPAC: the weights of client position %d were not solved (%s); own head kept", i, e)
         return fallback
     if alpha.value is None or problem.status not in ("optimal", "optimal_inaccurate"):

@@ -66,3 +66,19 @@ def test_fed3p2_serial_equals_ray(tmp_path, ray_local):
     )
     assert [r["phase"] for r in serial.rows] == [1, 1, 2, 2]
     assert _metrics(ray_run) == _metrics(serial)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("algo", ["fedfcd", "fedpac", "fedproto", "fedgh"])
+def test_prototype_family_serial_equals_ray(tmp_path, ray_local, algo):
+    """Personal state on home workers, prototypes and heads through the object store, a head trained
+    (FedFCD, FedGH) or QPs solved (FedPAC) in the server actor."""
+    setup = {"algo": algo, "rounds": 3, "participation": 0.75, "eval.every": 1}
+    if algo == "fedpac":
+        setup.update({"model": "cnn_pac", "data.synthetic.shape": (1, 16, 16)})
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
+    )
+    assert serial.final["lm_ptest"] is not None
+    assert _metrics(ray_run) == _metrics(serial)

@@ -1,0 +1,129 @@
+"""FedPAC (seed 001): the classifier-collaboration weights, the statistics, what is shared."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from algorithms.base import JobResult
+from raysim.collaboration import collaboration_matrix, combination_weights, repair_psd, solve_weights
+from raysim.executors import SerialExecutor
+from raysim.runner import prepare
+from raysim.weights import BODY
+from tests.conftest import tiny_config
+
+
+def _random_stats(k=5, c=4, d=3, seed=0):
+    g = np.random.default_rng(seed)
+    return g.normal(size=(k, c, d)), g.uniform(0.1, 1.0, size=k)
+
+
+def test_weights_are_a_distribution():
+    h, v = _random_stats()
+    alpha = combination_weights(h, v)
+    assert alpha.shape == (5, 5)
+    assert (alpha >= 0).all()
+    np.testing.assert_allclose(alpha.sum(axis=1), 1.0, atol=1e-9)
+    assert ((alpha == 0) | (alpha >= 1e-3)).all()  # small weights are zeroed, then renormalised
+
+
+def test_two_clients_match_the_hand_solution():
+    """P = [[V0, 0], [0, D + V1]] for client 0 (D = ||h0 - h1||^2): alpha_0 = (D + V1) / (V0 + D + V1)."""
+    h = np.array([[[1.0, 0.0], [0.0, 2.0]], [[0.0, 1.0], [1.0, 1.0]]])  # (K=2, C=2, d=2)
+    v = np.array([0.5, 0.25])
+    d = float(((h[0] - h[1]) ** 2).sum())
+    p = collaboration_matrix(h, v, 0)
+    np.testing.assert_allclose(p, [[0.5, 0.0], [0.0, d + 0.25]])
+    a0 = (d + 0.25) / (0.5 + d + 0.25)
+    np.testing.assert_allclose(solve_weights(p, 0), [a0, 1 - a0], atol=1e-5)
+    b1 = (d + 0.5) / (0.25 + d + 0.5)  # client 1, by symmetry
+    np.testing.assert_allclose(combination_weights(h, v)[1], [1 - b1, b1], atol=1e-5)
+
+
+def test_a_client_with_another_clients_statistics_puts_weight_on_it():
+    h, v = _random_stats(k=4)
+    h[2], v[2] = h[0], v[0]  # client 2 looks exactly like client 0
+    alpha = combination_weights(h, v)
+    assert alpha[0, 2] > 0.3 and alpha[2, 0] > 0.3
+    np.testing.assert_allclose(alpha[0, 0], alpha[0, 2], atol=1e-4)
+
+
+def test_non_psd_matrix_is_repaired():
+    p = np.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and -1
+    fixed = repair_psd(p)
+    assert np.linalg.eigvalsh(fixed).min() >= -1e-12
+    np.testing.assert_allclose(fixed, [[1.5, 1.5], [1.5, 1.5]])  # the -1 direction removed
+    alpha = solve_weights(p, 0)  # solves on the repaired matrix instead of failing
+    np.testing.assert_allclose(alpha.sum(), 1.0)
+    assert (alpha >= 0).all()
+
+
+def test_a_failed_solve_keeps_the_clients_own_head(monkeypatch):
+    bad = np.array([[1.0, 0.0], [0.0, np.inf]])  # a diverged client's statistics
+    np.testing.assert_array_equal(solve_weights(bad, 1), [0.0, 1.0])
+    import cvxpy as cp
+
+    def fail(self, *args, **kwargs):
+        raise cp.error.SolverError("solver failed")
+
+    monkeypatch.setattr(cp.Problem, "solve", fail)  # the solver itself fails
+    np.testing.assert_array_equal(solve_weights(np.eye(3), 2), [0.0, 0.0, 1.0])
+
+
+SETUP = {"algo": "fedpac", "participation": 1.0, "model": "cnn_pac", "data.synthetic.shape": (1, 16, 16)}
+
+
+def test_heads_are_combined_as_stated_and_the_body_is_averaged(tmp_path):
+    ex = SerialExecutor(cfg := tiny_config(tmp_path, **SETUP), prepare(cfg))
+    algo, state = ex.server.algo, ex.server.state
+    jobs = algo.plan(state, 1, [0, 1, 2])
+    results = [JobResult(j, tuple(ex.runtime.run_chain(1, j.clients, j.payload, None))) for j in jobs]
+    new = algo.aggregate(state, 1, results)
+    finals = [jr.final for jr in results]
+    ups = [r.extra for r in finals]
+    alpha = combination_weights(np.stack([u.h for u in ups]), np.array([u.v for u in ups]))
+    np.testing.assert_allclose(new.alpha, alpha)
+    for i, r in enumerate(finals):  # client i's head = sum_j alpha_ij phi_j
+        expected = sum(alpha[i, j] * finals[j].weights.part("head").astype(np.float64) for j in range(3))
+        np.testing.assert_allclose(new.heads[r.client].part("head"), expected, atol=1e-6)
+    n = np.array([r.num_samples for r in finals], dtype=np.float64)
+    for part in BODY:
+        body = sum(n[j] * finals[j].weights.part(part).astype(np.float64) for j in range(3)) / n.sum()
+        np.testing.assert_allclose(new.body.part(part), body, atol=1e-6)
+    assert new.heads[3] is None  # not sampled: no head yet
+
+
+def test_statistics_are_taken_under_the_received_model(tmp_path):
+    import torch
+
+    from raysim.features import pac_statistics
+
+    z = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
+    y = torch.tensor([0, 0, 1])
+    s = pac_statistics(z, y, 3)
+    np.testing.assert_allclose(s.priors, [2 / 3, 1 / 3, 0])
+    np.testing.assert_allclose(s.h, [[4 / 3, 0], [0, 2 / 3], [0, 0]])
+    # V = (1/n) sum_c [p_c mean||z||^2 - p_c^2 ||mu_c||^2] = (1/3) [2/3*5 - 4/9*4 + 1/3*4 - 1/9*4]
+    np.testing.assert_allclose(s.v, (2 / 3 * 5 - 4 / 9 * 4 + 1 / 3 * 4 - 1 / 9 * 4) / 3)
+
+
+def test_no_collaboration_keeps_own_heads_and_lambda_zero_has_no_alignment(tmp_path):
+    ex = SerialExecutor(cfg := tiny_config(tmp_path, **SETUP, **{"algo.combine": False}), prepare(cfg))
+    algo, state = ex.server.algo, ex.server.state
+    jobs = algo.plan(state, 1, [0, 1])
+    results = [JobResult(j, tuple(ex.runtime.run_chain(1, j.clients, j.payload, None))) for j in jobs]
+    new = algo.aggregate(state, 1, results)
+    np.testing.assert_array_equal(new.alpha, np.eye(2))
+    for jr in results:
+        assert new.heads[jr.final.client].equals(jr.final.weights.select(("head",)))
+    assert ex.server.algo.params.lam == 1.0
+    cfg0 = tiny_config(tmp_path / "l0", **SETUP, **{"algo.lambda": 0})
+    assert SerialExecutor(cfg0, prepare(cfg0)).server.algo.params.lam == 0.0
+
+
+def test_a_bad_setting_is_one_sentence(tmp_path):
+    from raysim.errors import ConfigError
+    from raysim.runner import check_config
+
+    with pytest.raises(ConfigError, match="head_lr"):
+        check_config(tiny_config(tmp_path, **SETUP, **{"algo.head_lr": 0}))
