@@ -49,6 +49,10 @@ class DataConfig:
     test_mode: str = "matched"  # matched | split:F (pool train+test, F of each client's data for test)
     min_samples: int = 10  # dirichlet: redraw until every client has this many (choice)
     samples_per_client: int = 600  # dominant: samples per client (600; 1000 for EMNIST)
+    #: pathological: which classes a client holds. shuffled: consecutive classes of a seeded class
+    #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
+    #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
+    class_order: str = "shuffled"
     #: hold out this fraction of each client's training data as its validation part (never trained
     #: on), for model selection such as Fed3+2p's automatic phase switch
     val_fraction: float = 0.0
@@ -291,6 +295,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"The validation fraction must be in [0, 1), not {cfg.data.val_fraction}.")
     parse_test_mode(cfg.data.test_mode)
+    if cfg.data.class_order not in ("shuffled", "sequential"):
+        raise ConfigError(f"data.class_order is 'shuffled' or 'sequential', not {cfg.data.class_order!r}.")
     t = cfg.train
     if t.local_epochs < 0:
         raise ConfigError(f"The local epochs must be at least 0, not {t.local_epochs}.")

@@ -42,7 +42,7 @@ FED3P2_FEDAVG = [
 FCD_FEDAVG = [
     "--algo", "fedavg", "--clients", "20", "--participation", "1", "--rounds", "500", "--model", "mlp_fcd",
     "--local-epochs", "1", "--batch-size", "10", "--lr", "0.01", "--test-mode", "split:0.25",
-    "--set", "train.momentum=0", "--set", "train.weight_decay=0",
+    "--set", "train.momentum=0", "--set", "train.weight_decay=0", "--set", "data.class_order=sequential",
 ]  # fmt: skip
 PAC_FEDAVG = [
     "--algo", "fedavg", "--clients", "20", "--participation", "1", "--rounds", "200", "--model", "cnn_pac",

@@ -98,6 +98,7 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> Federa
             num_classes,
             min_samples=cfg.min_samples,
             samples_per_client=cfg.samples_per_client,
+            class_order=cfg.class_order,
         )
 
     if test_mode.kind == "matched":

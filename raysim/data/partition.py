@@ -29,6 +29,7 @@ def partition_indices(
     *,
     min_samples: int = 10,
     samples_per_client: int = 600,
+    class_order: str = "shuffled",
 ) -> list[np.ndarray]:
     """Split the samples with ``labels`` over ``num_clients`` clients as ``spec`` says."""
     labels = _check_labels(labels, num_classes)
@@ -40,7 +41,9 @@ def partition_indices(
         assert spec.param is not None
         parts = dirichlet_partition(labels, num_clients, spec.param, rng, num_classes, min_samples)
     elif spec.kind == "pathological":
-        parts = pathological_partition(labels, num_clients, _whole(spec), rng, num_classes)
+        parts = pathological_partition(
+            labels, num_clients, _whole(spec), rng, num_classes, shuffle_classes=class_order == "shuffled"
+        )
     elif spec.kind == "shard":
         parts = shard_partition(labels, num_clients, _whole(spec), rng)
     elif spec.kind == "dominant":
@@ -155,12 +158,15 @@ def pathological_partition(
     k: int,
     rng: np.random.Generator,
     num_classes: int,
+    *,
+    shuffle_classes: bool = True,
 ) -> list[np.ndarray]:
     """Each client holds ``k`` classes (FedFCD's "Pat"; McMahan et al. 2017's pathological non-IID).
 
-    After a seeded permutation ``perm`` of the classes, client i holds ``perm[(i*k + j) % C]`` for
-    ``j < k``, so every class is held by ``floor`` or ``ceil`` of ``N*k/C`` clients; a class's
-    shuffled samples are split evenly among the clients that hold it.
+    After a seeded permutation ``perm`` of the classes (the identity with ``shuffle_classes=False``,
+    as PFLlib's "pat" split assigns them), client i holds ``perm[(i*k + j) % C]`` for ``j < k``, so
+    every class is held by ``floor`` or ``ceil`` of ``N*k/C`` clients; a class's shuffled samples are
+    split evenly among the clients that hold it.
     """
     labels = _check_labels(labels, num_classes)
     if k > num_classes:
@@ -171,7 +177,7 @@ def pathological_partition(
             f"some of the {num_classes} classes unused; use more clients or more classes each."
         )
     pools = _class_pools(labels, num_classes, rng)
-    perm = rng.permutation(num_classes)
+    perm = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
     for i in range(num_clients):
         for j in range(k):

@@ -127,6 +127,16 @@ def test_pathological_gives_exactly_k_classes(num_clients: int, k: int, num_clas
         assert max(shares) - min(shares) <= 1
 
 
+def test_pathological_sequential_classes_are_pflibs_pairs() -> None:
+    """class_order=sequential: client i holds classes 2i, 2i+1 (mod C), as PFLlib's "pat" split."""
+    labels = make_labels(20000, 10)
+    parts = pathological_partition(labels, 20, 2, rng(), 10, shuffle_classes=False)
+    held = [sorted(np.unique(labels[p]).tolist()) for p in parts]
+    assert held == [[(2 * i) % 10, (2 * i + 1) % 10] for i in range(20)]
+    shuffled = pathological_partition(labels, 20, 2, rng(), 10)
+    assert [sorted(np.unique(labels[p]).tolist()) for p in shuffled] != held  # a seeded permutation
+
+
 def test_pathological_errors() -> None:
     with pytest.raises(ConfigError):
         pathological_partition(make_labels(), 20, 11, rng(), C)
