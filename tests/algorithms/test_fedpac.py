@@ -127,3 +127,47 @@ def test_a_bad_setting_is_one_sentence(tmp_path):
 
     with pytest.raises(ConfigError, match="head_lr"):
         check_config(tiny_config(tmp_path, **SETUP, **{"algo.head_lr": 0}))
+
+
+def test_tensorboard_shows_the_combination_weights_on_evaluated_rounds(tmp_path):
+    import io
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raysim.runner import run_experiment
+
+    setup = {**SETUP, "participation": 0.5, "rounds": 4, "eval.every": 2, "output.tensorboard": True}
+    cfg = tiny_config(tmp_path, **setup)
+    run_experiment(cfg)
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    images = acc.Images("algo/alpha")
+    assert [e.step for e in images] == [2, 4]  # one heat map per evaluated round
+    k = 4  # clients sampled a round: a k x k matrix of 12-pixel cells
+    assert (images[-1].width, images[-1].height) == (12 * k, 12 * k)
+    png = images[-1].encoded_image_string
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(io.BytesIO(png).getvalue()) > 50
+    assert [e.step for e in acc.Scalars("algo/alpha_self")] == [1, 2, 3, 4]
+    assert {"comm/bytes_down", "comm/bytes_up"} <= set(acc.Tags()["scalars"])
+
+
+def test_png_encoder_round_trips_through_a_decoder():
+    import zlib
+
+    from raysim.tensorboard import encode_png, heat_map
+
+    img = heat_map(np.array([[0.0, 1.0], [0.5, 0.25]]), cell=2)
+    png = encode_png(img)
+    # walk the chunks and inflate IDAT: rows of (filter byte 0, RGB pixels)
+    pos, idat = 8, b""
+    while pos < len(png):
+        n = int.from_bytes(png[pos : pos + 4], "big")
+        kind = png[pos + 4 : pos + 8]
+        if kind == b"IDAT":
+            idat += png[pos + 8 : pos + 8 + n]
+        pos += 12 + n
+    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(4, 1 + 4 * 3)
+    assert (raw[:, 0] == 0).all()
+    np.testing.assert_array_equal(raw[:, 1:].reshape(4, 4, 3), img)
+    assert tuple(img[0, 0]) == (255, 255, 255) and tuple(img[0, 2]) == (8, 48, 107)  # 0 white, 1 blue
