@@ -21,7 +21,9 @@ Server: theta <- sum n_i theta_i / sum n_i; c_k = sum_i n_ik mu_ik / sum_i n_ik 
 for each sampled client i, alpha_i from :mod:`raysim.collaboration` (classifier collaboration, CC;
 ``combine=false`` keeps alpha_i = e_i) and client i's new head sum_j alpha_ij phi_j, which is its head
 from then on (evaluated at once, as the authors' code does, and sent with its next job).
-LM = global theta + the client's head; there is no global model (``gm_*`` null).
+LM = global theta + the client's head; there is no global model (``gm_*`` null). With partial
+participation every client takes part in the last round (``all_in_last_round``, as the report's
+100-client setting does).
 TensorBoard: the alpha matrix of the round as a heat map (a row per sampled client) on evaluated
 rounds, and the mean weight clients keep on their own head.
 """
@@ -55,6 +57,7 @@ class FedPACConfig:
     head_epochs: int = 1
     head_lr: float = 0.1
     head_prox_mu: float = 0.0  # the report's proximal term on head training (0: off)
+    all_in_last_round: bool = True  # every client takes part in the last round (the report's Sec. 5.2)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class FedPAC(Algorithm[PACState]):
         )
 
     def plan(self, state: PACState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        if self.params.all_in_last_round and rnd == self.cfg.rounds:
+            sampled = range(self.cfg.clients)  # so every client's final head is a combined one
         lr = self.lr(rnd)
         return [
             Job((c,), PACPayload(state.body, state.heads[c], state.centroids, state.centroid_mask, lr))

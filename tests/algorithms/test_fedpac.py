@@ -171,3 +171,16 @@ def test_png_encoder_round_trips_through_a_decoder():
     assert (raw[:, 0] == 0).all()
     np.testing.assert_array_equal(raw[:, 1:].reshape(4, 4, 3), img)
     assert tuple(img[0, 0]) == (255, 255, 255) and tuple(img[0, 2]) == (8, 48, 107)  # 0 white, 1 blue
+
+
+def test_every_client_takes_part_in_the_last_round(tmp_path):
+    ex = SerialExecutor(
+        cfg := tiny_config(tmp_path, **{**SETUP, "participation": 0.25, "rounds": 3}), prepare(cfg)
+    )
+    algo, state = ex.server.algo, ex.server.state
+    assert [j.clients for j in algo.plan(state, 2, [1, 5])] == [(1,), (5,)]
+    assert [j.clients[0] for j in algo.plan(state, 3, [1, 5])] == list(range(8))
+    off = SerialExecutor(
+        c := tiny_config(tmp_path / "off", **{**SETUP, "algo.all_in_last_round": False}), prepare(c)
+    )
+    assert len(off.server.algo.plan(off.server.state, 3, [1, 5])) == 2
