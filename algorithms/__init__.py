@@ -1,6 +1,21 @@
 """The algorithms, one module each; importing this package registers them (see ``base.register``)."""
 
-from algorithms import fed3p2, fedavg, fedfcd, fedgh, fedpac, fedproto, fedprox, local  # noqa: F401
+from algorithms import (  # noqa: F401
+    ditto,
+    fed3p2,
+    fedavg,
+    fedbabu,
+    feddrplus,
+    fedfcd,
+    fedgh,
+    fedpac,
+    fedper,
+    fedproto,
+    fedprox,
+    fedrod,
+    local,
+    scaffold,
+)
 from algorithms.base import REGISTRY, Algorithm, register
 
 __all__ = ["REGISTRY", "Algorithm", "register"]

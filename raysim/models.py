@@ -164,6 +164,90 @@ def cnn_pac_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     return _pac(input_shape, num_classes, (16, 32, 64))
 
 
+def vgg11(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """VGG-11 for 32x32 inputs (Simonyan and Zisserman 2015, as FedBABU and FedDr+ use it on
+    CIFAR-10): the eight 3x3 convolutions with ReLU and five max-pools, then FC 512, ReLU, FC 512,
+    ReLU | - | FC C. No batch normalisation."""
+    cfg: list[int | str] = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+    layers: list[nn.Module] = []
+    in_ch = input_shape[0]
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(in_ch, int(v), 3, padding=1), nn.ReLU(inplace=True)]
+            in_ch = int(v)
+    body = nn.Sequential(*layers, nn.Flatten())
+    flat = _flat_dim(body, input_shape)
+    extractor = nn.Sequential(
+        *layers,
+        nn.Flatten(),
+        nn.Linear(flat, 512),
+        nn.ReLU(inplace=True),
+        nn.Linear(512, 512),
+        nn.ReLU(inplace=True),
+    )
+    return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
+
+
+class _DepthwiseSeparable(nn.Module):
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_ch, in_ch, 3, stride, 1, groups=in_ch, bias=False),
+            nn.BatchNorm2d(in_ch),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(in_ch, out_ch, 1, bias=False),
+            nn.BatchNorm2d(out_ch),
+            nn.ReLU(inplace=True),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+def mobilenet(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """MobileNet (v1, Howard et al. 2017) for 32x32 inputs, as FedBABU and FedDr+ use it on
+    CIFAR-100: a 3x3 conv 32 (stride 1), thirteen depthwise-separable blocks up to 1024 channels,
+    global average pooling | - | FC C (d = 1024)."""
+    plan = [64, (128, 2), 128, (256, 2), 256, (512, 2), 512, 512, 512, 512, 512, (1024, 2), 1024]
+    layers: list[nn.Module] = [
+        nn.Conv2d(input_shape[0], 32, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+    ]
+    in_ch = 32
+    for item in plan:
+        out_ch, stride = item if isinstance(item, tuple) else (item, 1)
+        layers.append(_DepthwiseSeparable(in_ch, out_ch, stride))
+        in_ch = out_ch
+    extractor = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(1024, num_classes), 1024, num_classes)
+
+
+def resnet18(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """torchvision's ResNet-18 adapted to 32x32 inputs (a 3x3 stride-1 first convolution, no
+    max-pool), as FedFCD uses it on CIFAR-100: everything up to the global pooling | - | FC C (d = 512)."""
+    import torchvision
+
+    net = torchvision.models.resnet18(num_classes=num_classes)
+    net.conv1 = nn.Conv2d(input_shape[0], 64, 3, 1, 1, bias=False)
+    net.maxpool = nn.Identity()
+    extractor = nn.Sequential(
+        net.conv1,
+        net.bn1,
+        net.relu,
+        net.layer1,
+        net.layer2,
+        net.layer3,
+        net.layer4,
+        net.avgpool,
+        nn.Flatten(),
+    )
+    return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
+
+
 ModelBuilder = Callable[[Sequence[int], int], SplitModel]
 
 MODELS: dict[str, ModelBuilder] = {
@@ -173,6 +257,9 @@ MODELS: dict[str, ModelBuilder] = {
     "cnn_fcd": cnn_fcd,
     "cnn_pac": cnn_pac,
     "cnn_pac_cifar": cnn_pac_cifar,
+    "vgg11": vgg11,
+    "mobilenet": mobilenet,
+    "resnet18": resnet18,
 }
 
 

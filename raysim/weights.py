@@ -71,8 +71,13 @@ class ModelWeights:
         return all(np.array_equal(a, getattr(other, n)) for n, a in self.items())
 
 
-def _float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The floating-point tensors of ``module``'s state (parameters and buffers such as batch-norm
+    statistics), in the order a flat part lays them out."""
     return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+
+
+_float_tensors = float_tensors
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:

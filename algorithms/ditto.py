@@ -1,0 +1,116 @@
+"""Ditto ("Ditto: Fair and Robust Federated Learning Through Personalization", Li et al., ICML 2021),
+a baseline of Fed3+2p and FedDr+.
+
+- The global model w (``extractor``, ``filter``, ``head``) is trained as in FedAvg: each sampled
+  client trains it for E epochs from the received weights and the server averages by data size.
+- Each client also keeps a personal model v_k on its home worker, trained in the same round for
+  ``personal_epochs`` (default E) on CE + lambda/2 ||v_k - w||^2 with w the received global model.
+- GM = w; LM of client k = v_k (the initial model until it is first sampled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
+from algorithms.fedavg import GlobalState
+from raysim.aggregate import weighted_mean
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class DittoConfig:
+    lam: float = 0.1  # lambda of the proximal pull (``algo.lambda``)
+    personal_epochs: int | None = None  # None: the local epochs E
+
+
+@dataclass(frozen=True)
+class PersonalModel:
+    weights: ModelWeights
+
+
+@register("ditto")
+class Ditto(Algorithm[GlobalState]):
+    Config = DittoConfig
+    has_global_model = True
+    has_personal_model = True
+    aliases = {"lambda": "lam"}
+
+    @classmethod
+    def check(cls, cfg: Any, params: DittoConfig) -> None:
+        if params.lam < 0:
+            raise ConfigError(f"Ditto's lambda must be >= 0, not {params.lam}.")
+
+    def init(self, ctx: ServerContext) -> GlobalState:
+        return GlobalState(ctx.init_weights.select(GLOBAL_PARTS))
+
+    def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
+        finals = [jr.final for jr in results]
+        return GlobalState(
+            weighted_mean(
+                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
+            )
+        )
+
+    def eval_payload(self, state: GlobalState) -> ModelWeights:
+        return state.weights
+
+    def _personal(self, ctx: ClientContext) -> ModelWeights:
+        state: PersonalModel | None = ctx.state
+        return state.weights if state is not None else ctx.initial_weights.select(GLOBAL_PARTS)
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+
+        from algorithms.fedprox import proximal_term
+        from raysim.train import cross_entropy
+
+        ctx.load(payload.weights)
+        anchor = [q.detach().clone() for part in GLOBAL_PARTS for q in ctx.model.part(part).parameters()]
+        lam = self.params.lam
+
+        def personal_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + lam / 2 * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        # the personal model v_k, pulled towards the received w
+        ctx.load(self._personal(ctx))
+        epochs = (
+            self.cfg.train.local_epochs
+            if self.params.personal_epochs is None
+            else self.params.personal_epochs
+        )
+        ctx.train(
+            GLOBAL_PARTS,
+            payload.lr,
+            epochs=epochs,
+            first_epoch=self.cfg.train.local_epochs,
+            loss_fn=personal_loss,
+        )
+        ctx.set_state(PersonalModel(ctx.weights(GLOBAL_PARTS)))
+        # the global model w, as in FedAvg
+        ctx.load(payload.weights)
+        stats = ctx.train(GLOBAL_PARTS, payload.lr)
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def global_model(self, model: SplitModel, eval_payload: ModelWeights) -> SplitModel:
+        set_weights(model, eval_payload)
+        return model
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(self._personal(ctx))
+        return ctx.model
+
+
+__all__ = ["Ditto", "DittoConfig"]

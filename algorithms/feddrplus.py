@@ -1,0 +1,253 @@
+"""FedDr+ ("FedDr+: Stabilizing Dot-regression with Global Feature Distillation for Federated
+Learning", seed 004) and its variant dot-regression (``dotreg``, beta = 1).
+
+- Classifier frozen as a simplex ETF, identical on every client (Eq. 3):
+  V = sqrt(C/(C-1)) U (I_C - (1/C) 1 1^T), U in R^{d x C} with orthonormal columns (seeded); the
+  ``head`` holds V^T with a zero bias and never trains. A model whose feature size d is below the
+  class count C cannot hold an ETF and is refused.
+- Local loss (Eq. 2, 4): L = beta L_DR + (1 - beta) L_FD, L_DR = 1/2 (cos(f(x; theta), v_y) - 1)^2,
+  L_FD = (1/d) ||f(x; theta) - f(x; theta_g)||^2 with theta_g the received global extractor, frozen.
+  Only the body (``extractor``, ``filter``) trains; the server averages it by training-set size.
+- Prediction: argmax_c cos(f(x), v_c). Every ETF column has the same norm and the bias is zero, so
+  this is the argmax of the head's logits V^T f(x), which the global model evaluates.
+- FedDr+ FT (Sec. 4.3, 2-step personalisation): after the last round each client fine-tunes the
+  global body on its own training data for ``ft_epochs`` (default E) at ``ft_lr`` (default the
+  initial rate) with ``ft_loss`` = ``dr`` (L_DR, which Appendix D's Table 8 finds best for
+  fine-tuning) or ``drplus`` (L_Dr+, as Sec. 4.3 states it); ``lm_ptest`` at the last round reports
+  these models (mean and std across clients). The global model is not changed by fine-tuning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    ServerContext,
+    WeightsPayload,
+    register,
+    server_model,
+)
+from raysim import rng
+from raysim.aggregate import weighted_mean
+from raysim.errors import ConfigError
+from raysim.weights import BODY, ModelWeights, set_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import LossFn
+
+FT_EPOCH_OFFSET = 10_000  # fine-tuning shuffles are numbered apart from the training rounds'
+
+
+@dataclass(frozen=True)
+class FedDrPlusConfig:
+    beta: float = 0.9
+    ft_loss: str = "dr"  # dr | drplus
+    ft_epochs: int | None = None  # None: the local epochs E
+    ft_lr: float | None = None  # None: the initial learning rate
+
+
+@dataclass(frozen=True)
+class GlobalEval:
+    weights: ModelWeights  # body and head
+    final: bool  # the last round: personalised models are fine-tuned and reported
+
+
+def etf_classifier(d: int, num_classes: int, seed: int) -> np.ndarray:
+    """The (C, d) rows v_c of a simplex ETF: unit norm, pairwise cosine -1/(C-1) (Eq. 3)."""
+    if d < num_classes:
+        raise ConfigError(
+            f"A simplex ETF classifier needs a feature size of at least the class count; the model "
+            f"gives {d} features for {num_classes} classes."
+        )
+    g = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(g.standard_normal((d, num_classes)))  # orthonormal columns
+    c = num_classes
+    v = math.sqrt(c / (c - 1)) * u @ (np.eye(c) - np.ones((c, c)) / c)
+    out: np.ndarray = v.T.astype(np.float32)
+    return out
+
+
+def fine_tune(
+    ctx: ClientContext,
+    weights: ModelWeights,
+    parts: Sequence[str],
+    epochs: int,
+    lr: float,
+    loss_fn: LossFn,
+) -> SplitModel:
+    """Load ``weights`` and train ``parts`` on the client's own training data (personalisation
+    after the federated rounds); the client's stored state is not touched."""
+    ctx.load(weights)
+    ctx.train(parts, lr, epochs=epochs, first_epoch=FT_EPOCH_OFFSET, loss_fn=loss_fn)
+    return ctx.model
+
+
+def dr_loss(beta: float, teacher: SplitModel | None) -> LossFn:
+    """beta L_DR + (1 - beta) L_FD (FedDr+ Eq. 4); ``teacher`` computes f(x; theta_g)."""
+    import torch
+    import torch.nn.functional as F
+
+    from raysim.features import representation
+
+    def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = representation(model, x)
+        v = model.head.weight.index_select(0, y)  # the frozen ETF rows v_y
+        out = beta * (0.5 * (F.cosine_similarity(z, v, dim=1) - 1.0) ** 2).mean()
+        if beta < 1.0 and teacher is not None:
+            with torch.no_grad():
+                zg = representation(teacher, x)
+            out = out + (1.0 - beta) * ((z - zg) ** 2).mean()  # (1/d)||.||^2, batch mean
+        return out
+
+    return loss
+
+
+@register("feddrplus")
+class FedDrPlus(Algorithm[GlobalEval]):
+    Config = FedDrPlusConfig
+    has_global_model = True
+    has_personal_model = True
+
+    @classmethod
+    def paper_setup(cls, dataset: str) -> dict[str, Any]:
+        """Sec. 4 and Appendix C: 100 clients, participation 0.1, 320 rounds, lr x0.1 at 50% and
+        75% of the rounds, momentum 0.9, weight decay 1e-5, batch 50, test sets matched to the
+        training classes; CIFAR-10: ``vgg11``, lr 0.35, E = 10, ``shard:2``; CIFAR-100:
+        ``mobilenet``, lr 5.0, E = 3, ``shard:10``; Fashion-MNIST (not in the paper): ``cnn_pac``,
+        E = 5, lr 0.35, ``shard:2`` (choices)."""
+        common = {
+            "clients": 100,
+            "participation": 0.1,
+            "rounds": 320,
+            "train.lr_milestones": (0.5, 0.75),
+            "train.lr_gamma": 0.1,
+            "train.lr_decay": 1.0,
+            "train.momentum": 0.9,
+            "train.weight_decay": 1e-5,
+            "train.batch_size": 50,
+            "data.test_mode": "matched",
+        }
+        if dataset == "cifar100":
+            return {
+                **common,
+                "model": "mobilenet",
+                "train.lr": 5.0,
+                "train.local_epochs": 3,
+                "data.partition": "shard:10",
+            }
+        if dataset == "cifar10":
+            return {
+                **common,
+                "model": "vgg11",
+                "train.lr": 0.35,
+                "train.local_epochs": 10,
+                "data.partition": "shard:2",
+            }
+        return {
+            **common,
+            "model": "cnn_pac",
+            "train.lr": 0.35,
+            "train.local_epochs": 5,
+            "data.partition": "shard:2",
+        }
+
+    @classmethod
+    def check(cls, cfg: Any, params: FedDrPlusConfig) -> None:
+        if not 0.0 <= params.beta <= 1.0:
+            raise ConfigError(f"FedDr+'s beta must be in [0, 1], not {params.beta}.")
+        if params.ft_loss not in ("dr", "drplus"):
+            raise ConfigError(f"FedDr+'s ft_loss is 'dr' or 'drplus', not {params.ft_loss!r}.")
+        if params.ft_epochs is not None and params.ft_epochs < 0:
+            raise ConfigError(f"FedDr+'s ft_epochs must be >= 0, not {params.ft_epochs}.")
+
+    # ---------------------------------------------------------------------------------------- server
+    def init(self, ctx: ServerContext) -> GlobalEval:
+        import torch
+
+        from raysim.weights import get_weights
+
+        model = server_model(ctx)
+        etf = etf_classifier(model.filter_dim, ctx.clients.num_classes, rng.int_seed(self.cfg.seed, "etf"))
+        with torch.no_grad():
+            model.head.weight.copy_(torch.from_numpy(etf))
+            model.head.bias.zero_()
+        head = get_weights(model, ("head",))
+        return GlobalEval(ctx.init_weights.select(BODY).merged(head), self.cfg.rounds == 0)
+
+    def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload) for c in sampled]
+
+    def aggregate(self, state: GlobalEval, rnd: int, results: Sequence[JobResult]) -> GlobalEval:
+        finals = [jr.final for jr in results]
+        body = weighted_mean(
+            [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
+        )
+        return GlobalEval(body.merged(state.weights.select(("head",))), rnd >= self.cfg.rounds)
+
+    def eval_payload(self, state: GlobalEval) -> GlobalEval:
+        return state
+
+    # ---------------------------------------------------------------------------------------- client
+    def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
+        """The received global model, frozen, for L_FD."""
+        t = ctx.runtime.scratch_model("teacher")
+        set_weights(t, weights)
+        t.eval()
+        return t
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        beta = self.params.beta
+        teacher = self.teacher(ctx, payload.weights) if beta < 1.0 else None
+        ctx.load(payload.weights)
+        stats = ctx.train(BODY, payload.lr, loss_fn=dr_loss(beta, teacher))  # the ETF head stays frozen
+        return ctx.result(stats, weights=ctx.weights(BODY))
+
+    def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel:
+        set_weights(model, eval_payload.weights)
+        return model
+
+    def personal_model(self, ctx: ClientContext, eval_payload: GlobalEval) -> SplitModel | None:
+        """FedDr+ FT: the global model fine-tuned on this client's data, at the last round only."""
+        if not eval_payload.final:
+            return None
+        p = self.params
+        beta = 1.0 if p.ft_loss == "dr" else p.beta
+        teacher = self.teacher(ctx, eval_payload.weights) if beta < 1.0 else None
+        epochs = self.cfg.train.local_epochs if p.ft_epochs is None else p.ft_epochs
+        lr = self.cfg.train.lr if p.ft_lr is None else p.ft_lr
+        return fine_tune(ctx, eval_payload.weights, BODY, epochs, lr, dr_loss(beta, teacher))
+
+
+@dataclass(frozen=True)
+class DotRegConfig(FedDrPlusConfig):
+    beta: float = 1.0  # dot-regression alone: no feature distillation
+
+
+@register("dotreg")
+class DotReg(FedDrPlus):
+    """Dot-regression with the frozen ETF classifier (FedDr+ with beta = 1: no L_FD), and its FT."""
+
+    Config = DotRegConfig
+
+    @classmethod
+    def check(cls, cfg: Any, params: FedDrPlusConfig) -> None:
+        super().check(cfg, params)
+        if params.beta != 1.0:
+            raise ConfigError("dotreg is FedDr+ with beta = 1; use feddrplus for another beta.")
+
+
+__all__ = ["DotReg", "FedDrPlus", "FedDrPlusConfig", "dr_loss", "etf_classifier", "fine_tune"]

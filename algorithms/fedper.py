@@ -1,0 +1,122 @@
+"""FedPer ("Federated Learning with Personalization Layers", Arivazhagan et al. 2019) and FedRep
+("Exploiting Shared Representations for Personalized Federated Learning", Collins et al., ICML 2021),
+baselines of Fed3+2p and FedDr+: the body (``extractor``, ``filter``) is shared and averaged by
+training-set size; the ``head`` is personal and never leaves its client (kept on its home worker).
+
+- FedPer: each sampled client loads the global body and its own head and trains both for E epochs
+  with cross-entropy; it uploads the body.
+- FedRep: each sampled client first trains its head for ``head_epochs`` with the body frozen, then
+  the body for ``body_epochs`` with the head frozen (defaults 10 and 1, as the FedRep paper's
+  experiments do); it uploads the body.
+- LM of client k = the global body with k's head (its initial head until it is first sampled).
+  There is no global model (``gm_*`` null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    NoConfig,
+    ServerContext,
+    WeightsPayload,
+    register,
+)
+from raysim.aggregate import weighted_mean
+from raysim.errors import ConfigError
+from raysim.weights import BODY, ModelWeights
+
+if TYPE_CHECKING:
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import TrainStats
+
+
+@dataclass(frozen=True)
+class BodyState:
+    body: ModelWeights
+
+
+@dataclass(frozen=True)
+class OwnHead:
+    head: ModelWeights
+
+
+class SharedBody(Algorithm[BodyState]):
+    """Shared, averaged body; personal head on the home worker."""
+
+    has_global_model = False
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> BodyState:
+        return BodyState(ctx.init_weights.select(BODY))
+
+    def plan(self, state: BodyState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.body, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: BodyState, rnd: int, results: Sequence[JobResult]) -> BodyState:
+        finals = [jr.final for jr in results]
+        return BodyState(
+            weighted_mean(
+                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
+            )
+        )
+
+    def eval_payload(self, state: BodyState) -> ModelWeights:
+        return state.body
+
+    def own_head(self, ctx: ClientContext) -> ModelWeights:
+        state: OwnHead | None = ctx.state
+        return state.head if state is not None else ctx.initial_weights.select(("head",))
+
+    def train_parts(self, ctx: ClientContext, lr: float) -> TrainStats:
+        raise NotImplementedError
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        ctx.load(payload.weights.merged(self.own_head(ctx)))
+        stats = self.train_parts(ctx, payload.lr)
+        ctx.set_state(OwnHead(ctx.weights(("head",))))
+        return ctx.result(stats, weights=ctx.weights(BODY))  # the head stays here
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(eval_payload.merged(self.own_head(ctx)))
+        return ctx.model
+
+
+@register("fedper")
+class FedPer(SharedBody):
+    Config = NoConfig
+
+    def train_parts(self, ctx: ClientContext, lr: float) -> TrainStats:
+        return ctx.train((*BODY, "head"), lr)
+
+
+@dataclass(frozen=True)
+class FedRepConfig:
+    head_epochs: int = 10
+    body_epochs: int = 1
+
+
+@register("fedrep")
+class FedRep(SharedBody):
+    Config = FedRepConfig
+
+    @classmethod
+    def check(cls, cfg: Any, params: FedRepConfig) -> None:
+        if params.head_epochs < 0 or params.body_epochs < 0:
+            raise ConfigError("FedRep's head_epochs and body_epochs must be >= 0.")
+
+    def train_parts(self, ctx: ClientContext, lr: float) -> TrainStats:
+        p = self.params
+        ctx.train(("head",), lr, epochs=p.head_epochs)  # the body frozen
+        return ctx.train(BODY, lr, epochs=p.body_epochs, first_epoch=p.head_epochs)  # the head frozen
+
+
+__all__ = ["FedPer", "FedRep", "FedRepConfig", "SharedBody"]

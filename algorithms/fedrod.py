@@ -1,0 +1,118 @@
+"""FedRoD ("On Bridging Generic and Personalized Federated Learning for Image Classification", Chen
+and Chao, ICLR 2022), a baseline of Fed3+2p and FedDr+.
+
+- The body (``extractor``, ``filter``) and the generic head (``head``) are shared and averaged by
+  training-set size; the generic head is trained with the balanced softmax loss
+  CE(h_G(z) + log p_k, y), p_k client k's class frequencies (classes it lacks get log 1e-8).
+- The personal head (``phead``) stays on its client and is trained, in the same steps, with
+  cross-entropy on h_G(z) + h_P(z) where z and h_G are detached: it adds to the generic prediction
+  and does not move the shared parts.
+- GM = body and generic head; LM of client k = logits h_G(z) + h_P_k(z).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    NoConfig,
+    ServerContext,
+    WeightsPayload,
+    register,
+)
+from raysim.aggregate import weighted_mean
+from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class RoDState:
+    weights: ModelWeights  # body and generic head
+
+
+@dataclass(frozen=True)
+class OwnPHead:
+    phead: ModelWeights
+
+
+@register("fedrod")
+class FedRoD(Algorithm[RoDState]):
+    Config = NoConfig
+    has_global_model = True
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> RoDState:
+        return RoDState(ctx.init_weights.select(GLOBAL_PARTS))
+
+    def plan(self, state: RoDState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: RoDState, rnd: int, results: Sequence[JobResult]) -> RoDState:
+        finals = [jr.final for jr in results]
+        return RoDState(
+            weighted_mean(
+                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
+            )
+        )
+
+    def eval_payload(self, state: RoDState) -> ModelWeights:
+        return state.weights
+
+    def _phead(self, ctx: ClientContext) -> ModelWeights:
+        state: OwnPHead | None = ctx.state
+        return state.phead if state is not None else ctx.initial_weights.select(("phead",))
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        import torch
+        import torch.nn.functional as F
+
+        from raysim.features import representation
+
+        ctx.load(payload.weights.merged(self._phead(ctx)))
+        _, y_all = ctx.train_tensors()
+        counts = torch.bincount(y_all, minlength=ctx.model.num_classes).to(torch.float32)
+        log_prior = torch.log((counts / counts.sum()).clamp(min=1e-8))
+
+        def loss_fn(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            z = representation(model, x)
+            generic = model.head(z)
+            balanced = F.cross_entropy(generic + log_prior, y)  # balanced softmax
+            personal = F.cross_entropy(generic.detach() + model.phead(z.detach()), y)
+            return balanced + personal
+
+        stats = ctx.train((*GLOBAL_PARTS, "phead"), payload.lr, loss_fn=loss_fn)
+        ctx.set_state(OwnPHead(ctx.weights(("phead",))))
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def global_model(self, model: SplitModel, eval_payload: ModelWeights) -> SplitModel:
+        set_weights(model, eval_payload)
+        return model
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(eval_payload.merged(self._phead(ctx)))
+        return ctx.model
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+        from raysim.features import representation
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            z = representation(model, x)
+            out: torch.Tensor = model.head(z) + model.phead(z)
+            return out
+
+        return forward
+
+
+__all__ = ["FedRoD"]

@@ -1,0 +1,133 @@
+"""SCAFFOLD ("SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy et al.,
+ICML 2020, Algorithm 1 with option II), a baseline of FedDr+.
+
+- Server state: the global model x and the server control variate c (zero at the start).
+- Client i keeps its control variate c_i on its home worker between rounds (zero before its first
+  round). From y = x it takes K local SGD steps on g(y) - c_i + c (the correction is added to each
+  gradient, ``after_backward``), then c_i+ = c_i - c + (x - y) / (K eta) (option II), and uploads
+  Delta y = y - x and Delta c = c_i+ - c_i.
+- Server: x <- x + eta_g * mean(Delta y) over the sampled clients, c <- c + (1/N) sum(Delta c)
+  (``server_lr`` eta_g = 1). A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, register
+from raysim.aggregate import apply_updates, subtract
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts, set_weights
+
+if TYPE_CHECKING:
+    from raysim.client import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class ScaffoldConfig:
+    server_lr: float = 1.0  # eta_g
+
+
+@dataclass(frozen=True)
+class ScaffoldPayload:
+    weights: ModelWeights  # x
+    control: ModelWeights  # c
+    lr: float
+
+
+@dataclass(frozen=True)
+class ScaffoldState:
+    weights: ModelWeights
+    control: ModelWeights
+
+
+@dataclass(frozen=True)
+class ClientControl:
+    control: ModelWeights  # c_i
+
+
+def zeros_like(w: ModelWeights) -> ModelWeights:
+    return map_parts(np.zeros_like, w)
+
+
+@register("scaffold")
+class Scaffold(Algorithm[ScaffoldState]):
+    Config = ScaffoldConfig
+
+    @classmethod
+    def check(cls, cfg: Any, params: ScaffoldConfig) -> None:
+        if params.server_lr <= 0:
+            raise ConfigError(f"SCAFFOLD's server_lr must be > 0, not {params.server_lr}.")
+
+    def init(self, ctx: ServerContext) -> ScaffoldState:
+        x = ctx.init_weights.select(GLOBAL_PARTS)
+        return ScaffoldState(x, zeros_like(x))
+
+    def plan(self, state: ScaffoldState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = ScaffoldPayload(state.weights, state.control, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: ScaffoldState, rnd: int, results: Sequence[JobResult]) -> ScaffoldState:
+        finals = [jr.final for jr in results]
+        k = len(finals)
+        dys = [r.weights for r in finals if r.weights is not None]  # Delta y
+        dcs = [r.extra for r in finals]  # Delta c
+        # apply_updates(w, u, a) = w - sum a u: x + eta_g/|S| sum dy, c + 1/N sum dc
+        x = apply_updates(state.weights, dys, [-self.params.server_lr / k] * k)
+        c = apply_updates(state.control, dcs, [-1.0 / self.cfg.clients] * k)
+        return ScaffoldState(x, c)
+
+    def eval_payload(self, state: ScaffoldState) -> ModelWeights:
+        return state.weights
+
+    def local_update(self, ctx: ClientContext, payload: ScaffoldPayload) -> ClientResult:
+        import torch
+
+        from raysim.weights import float_tensors
+
+        own: ClientControl | None = ctx.state
+        c_i = own.control if own is not None else zeros_like(payload.control)
+        correction = map_parts(lambda c, ci: (c - ci).astype(np.float32), payload.control, c_i)
+        model = ctx.model
+        # (tensor, its slice of the flat correction) for each trainable parameter
+        targets: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for part in GLOBAL_PARTS:
+            flat = torch.from_numpy(correction.part(part)).to(ctx.device)
+            offset = 0
+            for t in float_tensors(model.part(part)):
+                n = t.numel()
+                if isinstance(t, torch.nn.Parameter):
+                    targets.append((t, flat[offset : offset + n].view_as(t)))
+                offset += n
+
+        def corrected() -> None:  # g(y) - c_i + c
+            for param, corr in targets:
+                if param.grad is not None:
+                    param.grad.add_(corr)
+
+        ctx.load(payload.weights)
+        stats = ctx.train(GLOBAL_PARTS, payload.lr, after_backward=corrected)
+        y = ctx.weights(GLOBAL_PARTS)
+        dy = subtract(y, payload.weights)  # y - x
+        scale = 1.0 / (max(stats.steps, 1) * payload.lr)
+        # option II: c_i+ = c_i - c + (x - y) / (K eta)
+        c_new = map_parts(
+            lambda ci, c, d: (ci.astype(np.float64) - c - scale * d).astype(np.float32),
+            c_i,
+            payload.control,
+            dy,
+        )
+        ctx.set_state(ClientControl(c_new))
+        return ctx.result(stats, weights=dy, extra=subtract(c_new, c_i))
+
+    def global_model(self, model: SplitModel, eval_payload: ModelWeights) -> SplitModel:
+        set_weights(model, eval_payload)
+        return model
+
+
+__all__ = ["Scaffold", "ScaffoldConfig"]
