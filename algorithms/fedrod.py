@@ -76,9 +76,6 @@ class FedRoD(Algorithm[RoDState]):
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         import torch
-        import torch.nn.functional as F
-
-        from raysim.features import representation
 
         ctx.load(payload.weights.merged(self._phead(ctx)))
         _, y_all = ctx.train_tensors()
@@ -86,11 +83,7 @@ class FedRoD(Algorithm[RoDState]):
         log_prior = torch.log((counts / counts.sum()).clamp(min=1e-8))
 
         def loss_fn(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            z = representation(model, x)
-            generic = model.head(z)
-            balanced = F.cross_entropy(generic + log_prior, y)  # balanced softmax
-            personal = F.cross_entropy(generic.detach() + model.phead(z.detach()), y)
-            return balanced + personal
+            return rod_losses(model, x, y, log_prior).sum()
 
         stats = ctx.train((*GLOBAL_PARTS, "phead"), payload.lr, loss_fn=loss_fn)
         ctx.set_state(OwnPHead(ctx.weights(("phead",))))
@@ -115,4 +108,19 @@ class FedRoD(Algorithm[RoDState]):
         return forward
 
 
-__all__ = ["FedRoD"]
+def rod_losses(model: SplitModel, x: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+    """(balanced softmax loss of the generic head, cross-entropy of the personal prediction on
+    detached features and generic logits): the second moves only the personal head."""
+    import torch
+    import torch.nn.functional as F
+
+    from raysim.features import representation
+
+    z = representation(model, x)
+    generic = model.head(z)
+    balanced = F.cross_entropy(generic + log_prior, y)
+    personal = F.cross_entropy(generic.detach() + model.phead(z.detach()), y)
+    return torch.stack([balanced, personal])
+
+
+__all__ = ["FedRoD", "rod_losses"]

@@ -4,8 +4,10 @@ ICML 2020, Algorithm 1 with option II), a baseline of FedDr+.
 - Server state: the global model x and the server control variate c (zero at the start).
 - Client i keeps its control variate c_i on its home worker between rounds (zero before its first
   round). From y = x it takes K local SGD steps on g(y) - c_i + c (the correction is added to each
-  gradient, ``after_backward``), then c_i+ = c_i - c + (x - y) / (K eta) (option II), and uploads
-  Delta y = y - x and Delta c = c_i+ - c_i.
+  gradient, ``after_backward``), then sets c_i+ to the mean of the K stochastic gradients g(y) it
+  saw, and uploads Delta y = y - x and Delta c = c_i+ - c_i. With plain SGD this is exactly option
+  II, c_i - c + (x - y) / (K eta) (the K steps sum to K eta (mean g - c_i + c)); unlike that formula it
+  stays right when the local optimiser has momentum or weight decay, as the common setups here do.
 - Server: x <- x + eta_g * mean(Delta y) over the sampled clients, c <- c + (1/N) sum(Delta c)
   (``server_lr`` eta_g = 1). A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
 """
@@ -105,23 +107,31 @@ class Scaffold(Algorithm[ScaffoldState]):
                     targets.append((t, flat[offset : offset + n].view_as(t)))
                 offset += n
 
-        def corrected() -> None:  # g(y) - c_i + c
-            for param, corr in targets:
+        sums = [torch.zeros_like(corr) for _, corr in targets]
+
+        def corrected() -> None:  # keep g(y), then step on g(y) - c_i + c
+            for (param, corr), acc in zip(targets, sums, strict=True):
                 if param.grad is not None:
+                    acc.add_(param.grad)
                     param.grad.add_(corr)
 
         ctx.load(payload.weights)
         stats = ctx.train(GLOBAL_PARTS, payload.lr, after_backward=corrected)
-        y = ctx.weights(GLOBAL_PARTS)
-        dy = subtract(y, payload.weights)  # y - x
-        scale = 1.0 / (max(stats.steps, 1) * payload.lr)
-        # option II: c_i+ = c_i - c + (x - y) / (K eta)
-        c_new = map_parts(
-            lambda ci, c, d: (ci.astype(np.float64) - c - scale * d).astype(np.float32),
-            c_i,
-            payload.control,
-            dy,
-        )
+        dy = subtract(ctx.weights(GLOBAL_PARTS), payload.weights)  # y - x
+        steps = max(stats.steps, 1)
+        mean_grads: dict[str, np.ndarray] = {}
+        i = 0
+        for part in GLOBAL_PARTS:  # lay the mean gradients out as the flat parts (buffers: 0)
+            out = np.zeros_like(c_i.part(part))
+            pos = 0
+            for t in float_tensors(model.part(part)):
+                n = t.numel()
+                if isinstance(t, torch.nn.Parameter):
+                    out[pos : pos + n] = (sums[i] / steps).reshape(-1).cpu().numpy()
+                    i += 1
+                pos += n
+            mean_grads[part] = out
+        c_new = ModelWeights(**mean_grads)
         ctx.set_state(ClientControl(c_new))
         return ctx.result(stats, weights=dy, extra=subtract(c_new, c_i))
 

@@ -82,3 +82,18 @@ def test_prototype_family_serial_equals_ray(tmp_path, ray_local, algo):
     )
     assert serial.final["lm_ptest"] is not None
     assert _metrics(ray_run) == _metrics(serial)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "algo", ["feddrplus", "dotreg", "fedbabu", "fedper", "fedrep", "fedrod", "ditto", "scaffold"]
+)
+def test_personalisation_baselines_serial_equal_ray(tmp_path, ray_local, algo):
+    """Personal heads, personal models and SCAFFOLD's control variates on home workers; FT at the end."""
+    setup = {"algo": algo, "rounds": 2, "participation": 0.75, "eval.every": 1, "train.local_epochs": 1}
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
+    )
+    assert serial.final["lm_ptest"] is not None or serial.final["gm_gtest"] is not None
+    assert _metrics(ray_run) == _metrics(serial)
