@@ -154,7 +154,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return from_dict(tp, value, where)
     if origin is tuple:
         if isinstance(value, str):
-            value = [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, not {value!r}.")
         item = args[0] if args else str

@@ -88,3 +88,11 @@ def test_paper_setup_goes_beneath_the_given_settings():
         ExperimentConfig().rounds,
     )
     assert config_from_args(["--algo", "fedavg"]) == replace(ExperimentConfig(), algo="fedavg")
+
+
+@pytest.mark.parametrize("text", ["[0.5, 0.75]", "(0.5,0.75)", "0.5, 0.75"])
+def test_set_takes_a_list_in_brackets_parentheses_or_bare(text):
+    from raysim.cli import config_from_args
+
+    cfg = config_from_args(["--algo", "fedavg", "--set", f"train.lr_milestones={text}"])
+    assert cfg.train.lr_milestones == (0.5, 0.75)
