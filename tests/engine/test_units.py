@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raysim import rng
 from raysim.aggregate import apply_updates, subtract, weighted_mean
 from raysim.client import EvalTarget
+from raysim.errors import ConfigError
 from raysim.executors import lpt_assign, split_targets
 from raysim.models import MODELS, PARTS, build_model
 from raysim.weights import ModelWeights, get_weights, set_weights
@@ -21,6 +23,9 @@ def test_weights_round_trip_every_model():
         "cnn_fcd": (3, 32, 32),
         "cnn_pac": (1, 28, 28),
         "cnn_pac_cifar": (3, 32, 32),
+        "vgg11": (3, 32, 32),
+        "mobilenet": (3, 32, 32),
+        "resnet18": (3, 32, 32),
     }
     assert set(shapes) == set(MODELS)
     for name, shape in shapes.items():
@@ -31,6 +36,22 @@ def test_weights_round_trip_every_model():
         assert wa.equals(get_weights(b, PARTS))
         assert all(arr.dtype == np.float32 and arr.flags.c_contiguous for _, arr in wa.items())
         assert get_weights(build_model(name, shape, 10, seed=1), PARTS).equals(wa)  # seeded
+
+
+def test_cifar_backbones_split_into_extractor_and_head():
+    import torch
+
+    for name, d in (("vgg11", 512), ("mobilenet", 1024), ("resnet18", 512)):
+        model = build_model(name, (3, 32, 32), 100, seed=0)
+        model.eval()
+        x = torch.randn(2, 3, 32, 32)
+        z = model.extractor(x)
+        assert z.shape == (2, d) == (2, model.feature_dim) and model.filter_dim == d
+        assert model(x).shape == (2, 100)
+        torch.testing.assert_close(model(x), model.head(z))
+        assert get_weights(model, ("head",)).part("head").size == 100 * d + 100
+    with pytest.raises(ConfigError, match="does not fit"):  # five max-pools need 32x32
+        build_model("vgg11", (1, 28, 28), 10, seed=0)
 
 
 def test_weighted_mean_and_updates():
