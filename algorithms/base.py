@@ -314,6 +314,18 @@ __all__ = [
 ]
 
 
+def average_uploads(results: Sequence[JobResult]) -> ModelWeights:
+    """The uploaded weights of each job's final client, averaged by training-set size
+    (FedAvg's w = sum_k n_k/n w_k, McMahan et al. 2017)."""
+    from raysim.aggregate import weighted_mean
+
+    finals = [jr.final for jr in results]
+    uploads = [r.weights for r in finals if r.weights is not None]
+    if len(uploads) != len(finals):
+        raise ValueError("every client must upload weights to be averaged")
+    return weighted_mean(uploads, [r.num_samples for r in finals])
+
+
 def server_model(ctx: ServerContext) -> SplitModel:
     """The model, built on the server with the clients' seeded initial weights, for algorithms
     that train a part there (FedFCD's and FedGH's global head). Imports PyTorch."""

@@ -14,9 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    ServerContext,
+    WeightsPayload,
+    average_uploads,
+    register,
+)
 from algorithms.fedavg import GlobalState
-from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
 from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
 
@@ -58,12 +66,7 @@ class Ditto(Algorithm[GlobalState]):
         return [Job((c,), payload, pinned=True) for c in sampled]
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
-        finals = [jr.final for jr in results]
-        return GlobalState(
-            weighted_mean(
-                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
-            )
-        )
+        return GlobalState(average_uploads(results))
 
     def eval_payload(self, state: GlobalState) -> ModelWeights:
         return state.weights

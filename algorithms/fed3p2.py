@@ -49,7 +49,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    ServerContext,
+    WeightsPayload,
+    average_uploads,
+    register,
+)
 from algorithms.fedavg import train_global_parts
 from raysim import rng
 from raysim.aggregate import apply_updates, subtract, weighted_mean
@@ -282,9 +291,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
                 deltas = [subtract(state.gm, w) for w in finals if w is not None]
                 gm = apply_updates(state.gm, deltas, [n / total for n in sizes])
             else:
-                gm = weighted_mean(
-                    [w for w in finals if w is not None], [jr.final.num_samples for jr in results]
-                )
+                gm = average_uploads(results)
             return dataclasses.replace(state, rnd=rnd, gm=gm)
         if state.type_b is None:
             return dataclasses.replace(state, rnd=rnd)

@@ -9,8 +9,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, WeightsPayload, register
-from raysim.aggregate import weighted_mean
+from algorithms.base import (
+    Algorithm,
+    ClientResult,
+    Job,
+    JobResult,
+    ServerContext,
+    WeightsPayload,
+    average_uploads,
+    register,
+)
 from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
 
 if TYPE_CHECKING:
@@ -55,9 +63,7 @@ class FedAvg(Algorithm[GlobalState]):
         return train_global_parts(ctx, payload, self.loss_fn(ctx, payload))
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
-        finals = [jr.final for jr in results]
-        uploads = [r.weights for r in finals if r.weights is not None]
-        return GlobalState(weighted_mean(uploads, [r.num_samples for r in finals]))
+        return GlobalState(average_uploads(results))
 
     def eval_payload(self, state: GlobalState) -> Any:
         return state.weights

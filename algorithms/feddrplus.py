@@ -33,11 +33,11 @@ from algorithms.base import (
     JobResult,
     ServerContext,
     WeightsPayload,
+    average_uploads,
     register,
     server_model,
 )
 from raysim import rng
-from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
 from raysim.weights import BODY, ModelWeights, set_weights
 
@@ -115,11 +115,38 @@ def dr_loss(beta: float, teacher: SplitModel | None) -> LossFn:
     return loss
 
 
-@register("feddrplus")
-class FedDrPlus(Algorithm[GlobalEval]):
-    Config = FedDrPlusConfig
+class FrozenHead(Algorithm[GlobalEval]):
+    """A head fixed for the whole federated training and a body averaged by training-set size
+    (FedDr+, dotreg, FedBABU); personalised models are fine-tuned after the last round."""
+
     has_global_model = True
     has_personal_model = True
+
+    def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload) for c in sampled]
+
+    def aggregate(self, state: GlobalEval, rnd: int, results: Sequence[JobResult]) -> GlobalEval:
+        body = average_uploads(results)  # the uploads carry the body only
+        return GlobalEval(body.merged(state.weights.select(("head",))), rnd >= self.cfg.rounds)
+
+    def eval_payload(self, state: GlobalEval) -> GlobalEval:
+        return state
+
+    def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel:
+        set_weights(model, eval_payload.weights)
+        return model
+
+    def ft_setting(self) -> tuple[int, float]:
+        """(epochs, rate) of fine-tuning: ``ft_epochs`` or E, ``ft_lr`` or the initial rate."""
+        p = self.params
+        epochs = self.cfg.train.local_epochs if p.ft_epochs is None else p.ft_epochs
+        return epochs, self.cfg.train.lr if p.ft_lr is None else p.ft_lr
+
+
+@register("feddrplus")
+class FedDrPlus(FrozenHead):
+    Config = FedDrPlusConfig
 
     @classmethod
     def paper_setup(cls, dataset: str) -> dict[str, Any]:
@@ -187,20 +214,6 @@ class FedDrPlus(Algorithm[GlobalEval]):
         head = get_weights(model, ("head",))
         return GlobalEval(ctx.init_weights.select(BODY).merged(head), self.cfg.rounds == 0)
 
-    def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        payload = WeightsPayload(state.weights, self.lr(rnd))
-        return [Job((c,), payload) for c in sampled]
-
-    def aggregate(self, state: GlobalEval, rnd: int, results: Sequence[JobResult]) -> GlobalEval:
-        finals = [jr.final for jr in results]
-        body = weighted_mean(
-            [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
-        )
-        return GlobalEval(body.merged(state.weights.select(("head",))), rnd >= self.cfg.rounds)
-
-    def eval_payload(self, state: GlobalEval) -> GlobalEval:
-        return state
-
     # ---------------------------------------------------------------------------------------- client
     def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
         """The received global model, frozen, for L_FD."""
@@ -216,10 +229,6 @@ class FedDrPlus(Algorithm[GlobalEval]):
         stats = ctx.train(BODY, payload.lr, loss_fn=dr_loss(beta, teacher))  # the ETF head stays frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
-    def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel:
-        set_weights(model, eval_payload.weights)
-        return model
-
     def personal_model(self, ctx: ClientContext, eval_payload: GlobalEval) -> SplitModel | None:
         """FedDr+ FT: the global model fine-tuned on this client's data, at the last round only."""
         if not eval_payload.final:
@@ -227,8 +236,7 @@ class FedDrPlus(Algorithm[GlobalEval]):
         p = self.params
         beta = 1.0 if p.ft_loss == "dr" else p.beta
         teacher = self.teacher(ctx, eval_payload.weights) if beta < 1.0 else None
-        epochs = self.cfg.train.local_epochs if p.ft_epochs is None else p.ft_epochs
-        lr = self.cfg.train.lr if p.ft_lr is None else p.ft_lr
+        epochs, lr = self.ft_setting()
         return fine_tune(ctx, eval_payload.weights, BODY, epochs, lr, dr_loss(beta, teacher))
 
 
@@ -250,4 +258,4 @@ class DotReg(FedDrPlus):
             raise ConfigError("dotreg is FedDr+ with beta = 1; use feddrplus for another beta.")
 
 
-__all__ = ["DotReg", "FedDrPlus", "FedDrPlusConfig", "dr_loss", "etf_classifier", "fine_tune"]
+__all__ = ["DotReg", "FedDrPlus", "FrozenHead", "FedDrPlusConfig", "dr_loss", "etf_classifier", "fine_tune"]

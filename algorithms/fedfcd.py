@@ -159,17 +159,7 @@ class FedFCD(Algorithm[FCDState]):
         # Eq. 4: phi_g on this round's pairs (C_i^(j), j)
         new_means = np.stack([up.means for _, up in uploads])
         new_counts = np.stack([up.counts for _, up in uploads])
-        x, y = prototype_pairs(new_means, new_counts)
-        head = train_head_on_prototypes(
-            self._model,
-            state.head,
-            x,
-            y,
-            lr=self.params.server_lr,
-            epochs=self.params.server_epochs,
-            batch_size=self.cfg.train.batch_size,
-            seed=rng.int_seed(self.cfg.seed, "fedfcd/server", rnd),
-        )
+        head = train_global_head(self, self._model, state.head, new_means, new_counts, "fedfcd/server", rnd)
         gfr, mask = weighted_means(lfr, counts)  # Eq. 5 over every client's latest LFRs
         return FCDState(rnd, head, lfr, counts, gfr, mask)
 
@@ -253,4 +243,29 @@ class FedFCD(Algorithm[FCDState]):
         return fused
 
 
-__all__ = ["FedFCD", "FedFCDConfig"]
+def train_global_head(
+    algo: Algorithm[Any],
+    model: SplitModel,
+    head: ModelWeights,
+    means: np.ndarray,
+    counts: np.ndarray,
+    purpose: str,
+    rnd: int,
+) -> ModelWeights:
+    """The server step of FedFCD (Eq. 4) and FedGH: SGD with cross-entropy on the global head over
+    the uploaded pairs (class mean, class), ``algo.params.server_epochs`` passes in mini-batches of
+    B at ``algo.params.server_lr``, shuffled from (seed, ``purpose``, round)."""
+    x, y = prototype_pairs(means, counts)
+    return train_head_on_prototypes(
+        model,
+        head,
+        x,
+        y,
+        lr=algo.params.server_lr,
+        epochs=algo.params.server_epochs,
+        batch_size=algo.cfg.train.batch_size,
+        seed=rng.int_seed(algo.cfg.seed, purpose, rnd),
+    )
+
+
+__all__ = ["FedFCD", "FedFCDConfig", "train_global_head"]

@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, ClientResult, Job, JobResult, ServerContext, register, server_model
+from algorithms.fedfcd import train_global_head
 from algorithms.fedproto import ProtoUpload, upload_class_means
-from raysim import rng
 from raysim.errors import ConfigError
-from raysim.prototypes import prototype_pairs, train_head_on_prototypes
 from raysim.weights import BODY, ModelWeights
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FedGHConfig:
     server_lr: float = 0.01
-    server_epochs: int = 1
+    server_epochs: int = 1  # passes over the round's uploaded pairs
 
 
 @dataclass(frozen=True)
@@ -74,17 +73,8 @@ class FedGH(Algorithm[GHState]):
 
     def aggregate(self, state: GHState, rnd: int, results: Sequence[JobResult]) -> GHState:
         ups: list[ProtoUpload] = [r.extra for jr in results for r in jr.results]
-        x, y = prototype_pairs(np.stack([u.means for u in ups]), np.stack([u.counts for u in ups]))
-        head = train_head_on_prototypes(
-            self._model,
-            state.head,
-            x,
-            y,
-            lr=self.params.server_lr,
-            epochs=self.params.server_epochs,
-            batch_size=self.cfg.train.batch_size,
-            seed=rng.int_seed(self.cfg.seed, "fedgh/server", rnd),
-        )
+        means, counts = np.stack([u.means for u in ups]), np.stack([u.counts for u in ups])
+        head = train_global_head(self, self._model, state.head, means, counts, "fedgh/server", rnd)
         return GHState(rnd, head)
 
     def eval_payload(self, state: GHState) -> ModelWeights:

@@ -26,9 +26,9 @@ from algorithms.base import (
     NoConfig,
     ServerContext,
     WeightsPayload,
+    average_uploads,
     register,
 )
-from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
 from raysim.weights import BODY, ModelWeights
 
@@ -62,12 +62,7 @@ class SharedBody(Algorithm[BodyState]):
         return [Job((c,), payload, pinned=True) for c in sampled]
 
     def aggregate(self, state: BodyState, rnd: int, results: Sequence[JobResult]) -> BodyState:
-        finals = [jr.final for jr in results]
-        return BodyState(
-            weighted_mean(
-                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
-            )
-        )
+        return BodyState(average_uploads(results))
 
     def eval_payload(self, state: BodyState) -> ModelWeights:
         return state.body

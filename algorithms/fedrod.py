@@ -24,9 +24,9 @@ from algorithms.base import (
     NoConfig,
     ServerContext,
     WeightsPayload,
+    average_uploads,
     register,
 )
-from raysim.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
 
 if TYPE_CHECKING:
@@ -60,12 +60,7 @@ class FedRoD(Algorithm[RoDState]):
         return [Job((c,), payload, pinned=True) for c in sampled]
 
     def aggregate(self, state: RoDState, rnd: int, results: Sequence[JobResult]) -> RoDState:
-        finals = [jr.final for jr in results]
-        return RoDState(
-            weighted_mean(
-                [r.weights for r in finals if r.weights is not None], [r.num_samples for r in finals]
-            )
-        )
+        return RoDState(average_uploads(results))
 
     def eval_payload(self, state: RoDState) -> ModelWeights:
         return state.weights

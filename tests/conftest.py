@@ -42,6 +42,23 @@ def tiny_config(tmp_path: Any = None, **changes: Any) -> ExperimentConfig:
     return replace(ExperimentConfig(), **base)
 
 
+def run_round(executor: Any, rnd: int, clients: list[int]) -> list[Any]:
+    """Run round ``rnd`` on a SerialExecutor and return every ClientResult the server received."""
+    got: list[Any] = []
+    inner = executor.server.aggregate
+
+    def aggregate(r: int, results: Any) -> Any:
+        got.extend(x for jr in results for x in jr.results)
+        return inner(r, results)
+
+    executor.server.aggregate = aggregate
+    try:
+        executor.train_round(rnd, clients)
+    finally:
+        executor.server.aggregate = inner
+    return got
+
+
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
     """One local Ray for the whole session (2 CPUs, loopback), shut down at the end."""

@@ -10,7 +10,7 @@ from raysim.client import ClientContext
 from raysim.executors import SerialExecutor
 from raysim.runner import prepare, run_experiment
 from raysim.weights import BODY, GLOBAL_PARTS, PARTS
-from tests.conftest import tiny_config
+from tests.conftest import run_round, tiny_config
 
 
 def _executor(tmp_path, algo, **changes):
@@ -18,32 +18,17 @@ def _executor(tmp_path, algo, **changes):
     return SerialExecutor(cfg, prepare(cfg))
 
 
-def _round(ex, rnd, clients):
-    """Run a round; return what the server received."""
-    got = []
-    inner = ex.server.aggregate
-
-    def aggregate(r, results):
-        got.extend(x for jr in results for x in jr.results)
-        return inner(r, results)
-
-    ex.server.aggregate = aggregate
-    ex.train_round(rnd, clients)
-    ex.server.aggregate = inner
-    return got
-
-
 def test_fedbabu_freezes_the_random_head_and_fine_tunes_everything_at_the_end(tmp_path):
     ex = _executor(tmp_path, "fedbabu", rounds=2)
     head0 = ex.server.state.weights.select(("head",))
     assert head0.equals(ex.runtime.initial_weights.select(("head",)))  # random (seeded) init
-    got = _round(ex, 1, [0, 1, 2, 3])
+    got = run_round(ex, 1, [0, 1, 2, 3])
     assert all(set(r.weights.part_names) == set(BODY) for r in got)
     np.testing.assert_allclose(
         ex.server.state.weights.part("extractor"),
         weighted_mean([r.weights for r in got], [r.num_samples for r in got]).part("extractor"),
     )
-    _round(ex, 2, [4, 5, 6, 7])
+    run_round(ex, 2, [4, 5, 6, 7])
     assert ex.server.state.weights.select(("head",)).equals(head0)  # never trained in the rounds
     payload = ex.server.eval_payload()
     ft = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 0, 2), payload)
@@ -54,13 +39,13 @@ def test_fedbabu_freezes_the_random_head_and_fine_tunes_everything_at_the_end(tm
 
 def test_fedper_averages_the_body_and_keeps_heads_on_their_clients(tmp_path):
     ex = _executor(tmp_path, "fedper")
-    got = _round(ex, 1, [0, 1, 2, 3])
+    got = run_round(ex, 1, [0, 1, 2, 3])
     assert all(set(r.weights.part_names) == set(BODY) for r in got)  # no head is sent
     body = weighted_mean([r.weights for r in got], [r.num_samples for r in got])
     assert ex.server.state.body.equals(body)
     heads = {c: ex.runtime.states[c].head for c in (0, 1, 2, 3)}
     assert not heads[0].equals(heads[1])
-    _round(ex, 2, [1, 2])
+    run_round(ex, 2, [1, 2])
     assert ex.runtime.states[0].head.equals(heads[0])  # not sampled: its head did not move
     assert not ex.runtime.states[1].head.equals(heads[1])  # sampled: it trained its own head again
 
@@ -79,7 +64,7 @@ def test_fedrep_trains_the_head_then_the_body(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(ClientContext, "train", spy)
-    got = _round(ex, 1, [0])
+    got = run_round(ex, 1, [0])
     assert calls == [(("head",), 3, {"head"}), (BODY, 2, {"extractor"})]  # mlp_fcd has no filter
     assert set(got[0].weights.part_names) == set(BODY)
 
@@ -90,7 +75,7 @@ def test_fedrod_personal_head_learns_from_detached_features_and_is_never_sent(tm
     from algorithms.fedrod import rod_losses
 
     ex = _executor(tmp_path, "fedrod")
-    got = _round(ex, 1, [0, 1, 2, 3])
+    got = run_round(ex, 1, [0, 1, 2, 3])
     assert all(set(r.weights.part_names) == set(GLOBAL_PARTS) for r in got)  # body + generic head
     assert ex.runtime.states[0].phead is not None
     model = ex.runtime.model
@@ -112,7 +97,7 @@ def test_fedrod_personal_head_learns_from_detached_features_and_is_never_sent(tm
 def test_ditto_keeps_a_personal_model_pulled_to_the_global_one(tmp_path):
     ex = _executor(tmp_path, "ditto", **{"algo.lambda": 0.5})
     w0 = ex.server.state.weights
-    got = _round(ex, 1, [0, 1, 2, 3])
+    got = run_round(ex, 1, [0, 1, 2, 3])
     assert ex.server.state.weights.equals(
         weighted_mean([r.weights for r in got], [r.num_samples for r in got])
     )
@@ -120,7 +105,7 @@ def test_ditto_keeps_a_personal_model_pulled_to_the_global_one(tmp_path):
     assert not v.equals(ex.server.state.weights)  # the personal model is its own
     # a huge lambda pins v_k to the received w
     pinned = _executor(tmp_path / "pin", "ditto", **{"algo.lambda": 1e4, "train.lr": 1e-4})
-    _round(pinned, 1, [0])
+    run_round(pinned, 1, [0])
     np.testing.assert_allclose(
         pinned.runtime.states[0].weights.part("extractor"), w0.part("extractor"), atol=1e-3
     )
@@ -129,7 +114,7 @@ def test_ditto_keeps_a_personal_model_pulled_to_the_global_one(tmp_path):
 def test_scaffold_control_variates_persist_on_the_worker_and_correct_the_steps(tmp_path):
     ex = _executor(tmp_path, "scaffold", participation=1.0)
     x0 = ex.server.state.weights
-    got = _round(ex, 1, list(range(8)))
+    got = run_round(ex, 1, list(range(8)))
     c1 = {c: ex.runtime.states[c].control for c in range(8)}
     assert all(np.abs(c1[c].part("extractor")).sum() > 0 for c in range(8))
     # round 1 starts with c = c_i = 0: plain SGD, so x1 - x0 is the mean of the clients' steps
@@ -144,7 +129,7 @@ def test_scaffold_control_variates_persist_on_the_worker_and_correct_the_steps(t
         atol=1e-6,
     )
     # round 2: client 0 starts from its stored c_i (its own upload Delta c = c_i+ - c_i shows it)
-    got2 = _round(ex, 2, [0])
+    got2 = run_round(ex, 2, [0])
     np.testing.assert_allclose(
         got2[0].extra.part("extractor"),
         ex.runtime.states[0].control.part("extractor").astype(np.float64) - c1[0].part("extractor"),
@@ -165,7 +150,7 @@ def test_scaffold_control_is_option_ii_under_plain_sgd(tmp_path):
     ex = _executor(
         tmp_path, "scaffold", participation=1.0, **{"train.momentum": 0.0, "train.weight_decay": 0.0}
     )
-    _round(ex, 1, list(range(8)))
+    run_round(ex, 1, list(range(8)))
     c_i = ex.runtime.states[0].control
     job = ex.server.plan(2, [0])[0]
     payload = job.payload

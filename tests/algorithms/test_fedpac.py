@@ -143,8 +143,8 @@ def test_tensorboard_shows_the_combination_weights_on_evaluated_rounds(tmp_path)
     acc.Reload()
     images = acc.Images("algo/alpha")
     assert [e.step for e in images] == [2, 4]  # one heat map per evaluated round
-    k = 4  # clients sampled a round: a k x k matrix of 12-pixel cells
-    assert (images[-1].width, images[-1].height) == (12 * k, 12 * k)
+    # a k x k matrix of 12-pixel cells: 4 sampled clients in round 2, all 8 in the last round
+    assert [(e.width, e.height) for e in images] == [(48, 48), (96, 96)]
     png = images[-1].encoded_image_string
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(io.BytesIO(png).getvalue()) > 50

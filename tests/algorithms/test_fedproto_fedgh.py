@@ -9,7 +9,7 @@ from raysim.client import ClientContext
 from raysim.executors import SerialExecutor
 from raysim.prototypes import plain_means
 from raysim.runner import prepare, run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import run_round, tiny_config
 
 
 def _executor(tmp_path, algo, **changes):
@@ -17,23 +17,9 @@ def _executor(tmp_path, algo, **changes):
     return SerialExecutor(cfg, prepare(cfg))
 
 
-def _received(ex, rnd, clients):
-    got = []
-    inner = ex.server.aggregate
-
-    def aggregate(r, results):
-        got.extend(x for jr in results for x in jr.results)
-        return inner(r, results)
-
-    ex.server.aggregate = aggregate
-    ex.train_round(rnd, clients)
-    ex.server.aggregate = inner
-    return got
-
-
 def test_fedproto_sends_prototypes_only_and_keeps_whole_models_personal(tmp_path):
     ex = _executor(tmp_path, "fedproto")
-    got = _received(ex, 1, list(range(6)))
+    got = run_round(ex, 1, list(range(6)))
     assert all(r.weights is None and isinstance(r.extra, ProtoUpload) for r in got)
     protos, mask = plain_means(
         np.stack([r.extra.means for r in got]), np.stack([r.extra.counts for r in got])
@@ -43,7 +29,7 @@ def test_fedproto_sends_prototypes_only_and_keeps_whole_models_personal(tmp_path
     assert not np.array_equal(a.part("extractor"), b.part("extractor"))  # no averaging, ever
     assert not np.array_equal(a.part("head"), b.part("head"))
     before = ex.runtime.states[0].weights
-    _received(ex, 2, [1, 2])  # client 0 not sampled: its model does not move
+    run_round(ex, 2, [1, 2])  # client 0 not sampled: its model does not move
     assert ex.runtime.states[0].weights.equals(before)
 
 
@@ -75,7 +61,7 @@ def test_fedgh_replaces_the_local_head_and_trains_the_global_head_on_the_server(
         return inner(self, parts, lr, **kw)
 
     monkeypatch.setattr(ClientContext, "train", spy)
-    got = _received(ex, 1, list(range(6)))
+    got = run_round(ex, 1, list(range(6)))
     assert all(h.equals(head0) for _, h in loaded)  # every client trains from the global head
     assert all(parts == ("extractor", "filter", "head") for parts, _ in loaded)
     assert all(r.weights is None and isinstance(r.extra, ProtoUpload) for r in got)  # no weights sent
