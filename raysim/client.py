@@ -163,15 +163,14 @@ class ClientRuntime:
         self.initial_weights = get_weights(self.model, PARTS)
         self.states: dict[int, Any] = {}
         self._fresh: dict[tuple[str, str], np.ndarray] = {}
+        self._scratch: dict[str, SplitModel] = {}
 
     def scratch_model(self, name: str) -> SplitModel:
         """A second model of the same architecture on the same device, kept for reuse (e.g. a
         frozen teacher for feature distillation); its weights are whatever was last loaded."""
-        cache = self.__dict__.setdefault("_scratch", {})
-        if name not in cache:
-            cache[name] = copy.deepcopy(self.model)
-        model: SplitModel = cache[name]
-        return model
+        if name not in self._scratch:
+            self._scratch[name] = copy.deepcopy(self.model)
+        return self._scratch[name]
 
     def fresh_part(self, part: str, purpose: str) -> np.ndarray:
         """Part ``part`` of a model freshly initialised from (seed, ``purpose``): the same on every

@@ -276,7 +276,12 @@ class RayExecutor:
             if isinstance(e.cause, ConfigError):
                 raise e.cause from None
             raise
-        ray.get(self.server.setup.remote())
+        try:
+            ray.get(self.server.setup.remote())
+        except ray.exceptions.RayTaskError as e:  # e.g. a model too small for FedDr+'s ETF
+            if isinstance(e.cause, ConfigError):
+                raise e.cause from None
+            raise
         self.devices = devices  # each worker's torch device, e.g. "cuda" on a share of a GPU
         log.info("%d client workers ready (%s)", num_workers, ", ".join(sorted(set(devices))))
 

@@ -105,3 +105,25 @@ def test_model_that_does_not_fit_reaches_the_cli_from_a_ray_worker(tmp_path):
         last
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.ray
+def test_a_setting_refused_in_the_server_actor_reaches_the_cli(tmp_path):
+    """FedDr+'s ETF needs d >= C; the server actor finds it and the run ends with one sentence."""
+    args = [
+        *SYNTH[:-3],
+        "--no-progress",
+        "--algo",
+        "feddrplus",
+        "--workers",
+        "1",
+        "--set",
+        "data.synthetic.num_classes=120",
+        "--set",
+        "data.synthetic.train_samples=2400",
+    ]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("raysim: error: A simplex ETF classifier needs a feature size"), last
+    assert "Traceback" not in proc.stderr
