@@ -24,7 +24,8 @@ paper's numbers (also written to ``OUT/table.md``). Suites:
 
 ``--only`` picks runs; ``--parallel`` runs that many at once (each with its own local Ray); anything
 after ``--`` goes to every run (e.g. ``-- --rounds 40`` or ``-- --gpus-per-worker 0.5``). Runs
-already finished in ``OUT`` (a ``summary.json``) are not rerun.
+already finished in ``OUT`` (a ``summary.json``) are not rerun; ``--table`` runs nothing and prints
+the table of what is there.
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def main() -> None:
     ap.add_argument("--out", help="directory for the runs (default runs/reproduce-SUITE)")
     ap.add_argument("--only", nargs="+", help="these runs of the suite only")
     ap.add_argument("--parallel", type=int, default=1, help="runs at once")
+    ap.add_argument("--table", action="store_true", help="only print the table of the runs already done")
     a = ap.parse_args(argv)
     suite = SUITES[a.suite]
     only = a.only or list(suite)
@@ -175,7 +177,7 @@ def main() -> None:
     out = Path(a.out or f"runs/reproduce-{a.suite}")
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    todo = [n for n in only if not (out / n / "summary.json").exists()]
+    todo = [] if a.table else [n for n in only if not (out / n / "summary.json").exists()]
     running: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
     while todo or running:
         while todo and len(running) < a.parallel:
