@@ -172,11 +172,9 @@ class FedFCD(Algorithm[FCDState]):
         return state.weights if state is not None else ctx.initial_weights.select((*BODY, "phead"))
 
     def _upload(self, ctx: ClientContext) -> LFRUpload:
-        from raysim.features import class_means, extract_features
+        from algorithms.fedproto import upload_class_means
 
-        x, y = ctx.train_tensors()
-        cm = class_means(extract_features(ctx.model, x), y, ctx.model.num_classes)
-        return LFRUpload(cm.means, cm.counts)
+        return LFRUpload(*upload_class_means(ctx))
 
     def local_update(self, ctx: ClientContext, payload: FCDPayload) -> ClientResult:
         import torch

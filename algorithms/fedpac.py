@@ -192,9 +192,9 @@ class FedPAC(Algorithm[PACState]):
         import torch
         import torch.nn.functional as F
 
+        from algorithms.fedproto import upload_class_means
         from raysim.features import (
             alignment_loss,
-            class_means,
             extract_features,
             pac_statistics,
             representation,
@@ -230,8 +230,8 @@ class FedPAC(Algorithm[PACState]):
             return loss
 
         train_stats = ctx.train(BODY, payload.lr, first_epoch=p.head_epochs, loss_fn=body_loss)  # 3.
-        cm = class_means(extract_features(ctx.model, x), y, num_classes)  # 4.
-        upload = PACUpload(cm.means, cm.counts, stats.priors, stats.h, stats.v)
+        means, counts = upload_class_means(ctx)  # 4.
+        upload = PACUpload(means, counts, stats.priors, stats.h, stats.v)
         return ctx.result(train_stats, weights=ctx.weights((*BODY, "head")), extra=upload)  # 5.
 
     def personal_model(self, ctx: ClientContext, eval_payload: PACEval) -> SplitModel:

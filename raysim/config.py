@@ -281,6 +281,11 @@ _PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "dominant")
 DATASETS = ("fmnist", "cifar10", "cifar100", "synthetic")
 
 
+def evaluation_due(cfg: ExperimentConfig, rnd: int) -> bool:
+    """Whether round ``rnd`` is evaluated: every ``eval.every`` rounds, and always the last."""
+    return rnd == cfg.rounds or (cfg.eval.every > 0 and rnd % cfg.eval.every == 0)
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Raise :class:`ConfigError` with one clear sentence for the first bad setting."""
     if cfg.clients < 1:

@@ -19,7 +19,7 @@ from typing import Any
 
 from algorithms.base import algorithm_class, algorithm_params
 from raysim import rng
-from raysim.config import ExperimentConfig, validate
+from raysim.config import ExperimentConfig, evaluation_due, validate
 from raysim.data import FederatedData, build_federated_data
 from raysim.errors import ConfigError
 from raysim.executors import Executor, RayExecutor, SerialExecutor
@@ -92,10 +92,6 @@ def start(cfg: ExperimentConfig, data: FederatedData | None = None) -> tuple[Exe
         if started:
             ray_env.stop_ray()
         raise
-
-
-def evaluation_due(cfg: ExperimentConfig, rnd: int) -> bool:
-    return rnd == cfg.rounds or (cfg.eval.every > 0 and rnd % cfg.eval.every == 0)
 
 
 def run_experiment(

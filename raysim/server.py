@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from algorithms.base import Algorithm, ClientStats, Job, JobResult, ServerContext, make_algorithm
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, evaluation_due
 from raysim.records import RoundStats
 from raysim.weights import ModelWeights
 
@@ -53,7 +53,7 @@ class ServerHost:
             scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
             texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),
             images=tuple(sorted(self.algo.round_images(self.state, rnd).items()))
-            if rnd == self.cfg.rounds or (self.cfg.eval.every > 0 and rnd % self.cfg.eval.every == 0)
+            if evaluation_due(self.cfg, rnd)
             else (),
             validate=self.algo.wants_validation(self.state, rnd),
         )
