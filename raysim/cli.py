@@ -9,6 +9,7 @@ one JSON object with the final and best metrics and the run directory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted, validate
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, RunAborted
 
 log = logging.getLogger("raysim")
 
@@ -44,7 +45,15 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
     "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
     "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),
+    "checkpoint_every": (
+        "output.checkpoint_every",
+        int,
+        "write RUN_DIR/checkpoint.pkl every k rounds (0: only on Ctrl-C or a failure)",
+    ),
 }
+
+#: what a resumed run may change: where and how it runs, and how far; not what it computes
+RESUMABLE = ("ray.", "rounds", "output.progress", "output.tensorboard", "output.checkpoint_every")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +64,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="run.py", description="Run one federated-learning experiment with raysim.")
     p.add_argument("--config", help="YAML or TOML file with settings (an ExperimentConfig tree)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="go on with the stopped run in RUN_DIR from its checkpoint, to its configured rounds "
+        "(only where and how it runs, and --rounds, may be changed)",
+    )
     for name, (_, typ, help_) in FLAGS.items():
         p.add_argument(
             "--" + name.replace("_", "-"),
@@ -79,42 +94,77 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str]) -> ExperimentConfig:
+    return parse_command(argv)[0]
+
+
+def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
+    """The experiment the command line asks for, and the run directory to resume if ``--resume``
+    (then the experiment is the stopped run's, with the changes a resumed run allows)."""
     args = build_parser().parse_args(argv)
-    data: dict[str, Any] = load_config_file(args.config) if args.config else {}
-    flags: dict[str, Any] = {}
+    given: list[tuple[str, Any]] = []
     for name, (key, _, _) in FLAGS.items():
         value = getattr(args, name)
         if value is not None:
-            set_dotted(flags, key, value)
+            given.append((key, value))
     if args.no_download:
-        set_dotted(flags, "data.download", False)
+        given.append(("data.download", False))
     if args.no_tensorboard:
-        set_dotted(flags, "output.tensorboard", False)
+        given.append(("output.tensorboard", False))
     if args.no_progress:
-        set_dotted(flags, "output.progress", False)
+        given.append(("output.progress", False))
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
-        set_dotted(flags, key.strip(), value.strip())
+        given.append((key.strip(), value.strip()))
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume takes the run's own config; --config cannot be given with it.")
+        fixed = [k for k, _ in given if not k.startswith(RESUMABLE) or k == "output.out"]
+        if fixed:
+            raise ConfigError(
+                f"A resumed run keeps its settings; {fixed[0]} cannot be changed (only ray.*, rounds, "
+                "output.progress, output.tensorboard and output.checkpoint_every can)."
+            )
+        config_file = Path(args.resume) / "config.yaml"
+        if not config_file.is_file():
+            raise ConfigError(f"{args.resume} is not a run directory (it has no config.yaml).")
+        given.append(("output.out", str(args.resume)))
+    flags: dict[str, Any] = {}
+    for key, value in given:
+        set_dotted(flags, key, value)
     from algorithms.base import resolve_config
 
-    cfg = resolve_config(merge(data, flags))
+    if args.resume:
+        saved = load_config_file(Path(args.resume) / "config.yaml")
+        # the saved config is already resolved: no paper setup goes beneath it again
+        cfg = resolve_config(merge({**saved, "paper_setup": False}, flags))
+        cfg = dataclasses.replace(cfg, paper_setup=bool(saved.get("paper_setup", True)))
+    else:
+        cfg = resolve_config(merge(load_config_file(args.config) if args.config else {}, flags))
     validate(cfg)
-    return cfg
+    return cfg, Path(args.resume) if args.resume else None
 
 
 class ProgressBar:
     """A tqdm bar over rounds with the latest loss and accuracies."""
 
-    def __init__(self) -> None:
+    def __init__(self, done: int = 0) -> None:
         self.bar: Any = None
+        self.done = done  # rounds done before this run (a resumed run's)
         self.post: dict[str, str] = {}
 
     def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=cfg.rounds, desc="rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=cfg.rounds,
+            initial=self.done,
+            desc="rounds",
+            unit="round",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
     def on_round(self, stats: Any, round_time: float) -> None:
         self.post["loss"] = f"{stats.train_loss:.3f}"
@@ -137,20 +187,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
     try:
-        cfg = config_from_args(argv)
+        cfg, resume_dir = parse_command(argv)
+        from raysim import checkpoint
         from raysim.runner import run_experiment
 
-        callbacks = [ProgressBar()] if cfg.output.progress else []
-        result = run_experiment(cfg, callbacks)
+        resume = checkpoint.load(resume_dir) if resume_dir is not None else None
+        if resume is not None and resume.round >= cfg.rounds:
+            raise ConfigError(
+                f"The run in {cfg.output.out} has done its {cfg.rounds} rounds; give --rounds to go further."
+            )
+        callbacks = [ProgressBar(max(resume.round, 0) if resume else 0)] if cfg.output.progress else []
+        result = run_experiment(cfg, callbacks, resume=resume)
     except ConfigError as e:
         print(f"raysim: error: {e}", file=sys.stderr)
         return 2
+    except RunAborted as e:
+        print(f"raysim: the run failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("raysim: interrupted.", file=sys.stderr)
         return 130
     out = {"algo": cfg.algo, **result.summary()}
     print(json.dumps(out), flush=True)
+    if result.stopped:
+        print(
+            f"raysim: stopped after round {result.last_round}; go on with: "
+            f"python scripts/run.py --resume {result.run_dir}",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "config_from_args", "main", "parse_command"]

@@ -210,6 +210,14 @@ class ClientRuntime:
             self.cfg.eval.batch_size,
         )
 
+    def export_states(self, clients: Sequence[int]) -> dict[int, Any]:
+        """The personal states of those of ``clients`` that have one (for checkpoints and for
+        restoring a replaced worker)."""
+        return {c: self.states[c] for c in clients if c in self.states}
+
+    def import_states(self, states: dict[int, Any]) -> None:
+        self.states.update(states)
+
     def gather(self, ds: ArrayDataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.from_numpy(ds.features(idx)).to(self.device)
         y = torch.from_numpy(ds.y[idx]).to(self.device)

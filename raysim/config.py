@@ -88,6 +88,9 @@ class RayConfig:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     object_store_mb: int | None = None  # local Ray only
+    #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
+    #: state restored and the lost jobs retried, at most this many times in a run
+    max_worker_restarts: int = 10
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class OutputConfig:
     out: str | None = None  # the run directory; None: runs/<algo>-<dataset>-<time>
     tensorboard: bool = True
     progress: bool = True
+    #: write RUN_DIR/checkpoint.pkl every k rounds (0: only when stopped by Ctrl-C or a failure)
+    checkpoint_every: int = 10
 
 
 @dataclass(frozen=True)
@@ -317,7 +322,11 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"The training threads must be at least 1, not {t.threads}.")
     if cfg.eval.every < 0:
         raise ConfigError(f"eval.every must be at least 0, not {cfg.eval.every}.")
+    if cfg.output.checkpoint_every < 0:
+        raise ConfigError(f"output.checkpoint_every must be at least 0, not {cfg.output.checkpoint_every}.")
     r = cfg.ray
+    if r.max_worker_restarts < 0:
+        raise ConfigError(f"ray.max_worker_restarts must be at least 0, not {r.max_worker_restarts}.")
     if r.executor not in ("ray", "serial"):
         raise ConfigError(f"The executor must be 'ray' or 'serial', not {r.executor!r}.")
     if r.workers is not None and r.workers < 1:

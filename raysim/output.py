@@ -54,11 +54,15 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 class TableWriter(BaseCallback):
-    """config.yaml at the start; the Parquet tables after every evaluation; summary.json at the end."""
+    """config.yaml at the start; the Parquet tables after every evaluation; summary.json at the end.
+    ``rows`` and ``client_rows`` are the rows before the first round of this run (a resumed run's,
+    from its checkpoint)."""
 
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.client_rows: list[dict[str, Any]] = []
+    def __init__(
+        self, rows: list[dict[str, Any]] | None = None, client_rows: list[dict[str, Any]] | None = None
+    ) -> None:
+        self.rows: list[dict[str, Any]] = list(rows or [])
+        self.client_rows: list[dict[str, Any]] = list(client_rows or [])
         self.run_dir = Path(".")
 
     def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
@@ -86,13 +90,16 @@ class TensorBoardWriter(BaseCallback):
     """TensorBoard: ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds;
     ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every round."""
 
-    def __init__(self) -> None:
+    def __init__(self, purge_step: int | None = None) -> None:
         self.writer: Any = None
+        self.purge_step = purge_step
 
     def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
         from raysim.tensorboard import EventWriter
 
         self.writer = EventWriter(run_dir / "tb")
+        if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes
+            self.writer.purge_from(self.purge_step)
         self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
 
     def on_round(self, stats: RoundStats, round_time: float) -> None:

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from algorithms.base import algorithm_class, algorithm_params
+from raysim import checkpoint as checkpoint_mod
 from raysim import rng
+from raysim.checkpoint import Checkpoint
 from raysim.config import ExperimentConfig, evaluation_due, validate
 from raysim.data import FederatedData, build_federated_data
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, RunAborted
 from raysim.executors import Executor, RayExecutor, SerialExecutor
 from raysim.metrics import MetricHistory, client_rows, summarize
 from raysim.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
@@ -38,18 +42,47 @@ class RunResult:
     train_time_s: float  # sum of the rounds' wall times (training only)
     eval_time_s: float
     setup_time_s: float
+    last_round: int = 0  # the last round completed
+    stopped: bool = False  # stopped early by Ctrl-C, with a checkpoint to resume from
+    worker_restarts: int = 0  # client workers replaced after dying
     extra: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         return {
             "final": self.final,
             "best": self.best,
-            "rounds": self.rows[-1]["round"] if self.rows else 0,
+            "rounds": self.last_round,
+            "stopped": self.stopped,
             "train_time_s": round(self.train_time_s, 3),
             "eval_time_s": round(self.eval_time_s, 3),
             "setup_time_s": round(self.setup_time_s, 3),
+            "worker_restarts": self.worker_restarts,
             "run_dir": str(self.run_dir),
         }
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) during a run asks it to stop at the next round boundary, with a checkpoint;
+    a second Ctrl-C interrupts at once. Only in the main thread (where Python delivers signals)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("Ctrl-C: stopping after this round, with a checkpoint (Ctrl-C again stops at once)")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def check_config(cfg: ExperimentConfig) -> None:
@@ -99,52 +132,67 @@ def run_experiment(
     callbacks: Sequence[Callback] = (),
     *,
     data: FederatedData | None = None,
+    resume: Checkpoint | None = None,
 ) -> RunResult:
-    """Run ``cfg`` from round 1 to ``cfg.rounds``; write the run directory; return the metrics."""
+    """Run ``cfg`` from round 1 (or on from the checkpoint ``resume``) to ``cfg.rounds``; write the
+    run directory, with a checkpoint every ``output.checkpoint_every`` rounds and when stopped by
+    Ctrl-C or a failure; return the metrics."""
     t0 = time.perf_counter()
+    if resume is not None and resume.algo != cfg.algo:
+        raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
     executor, data, started_ray = start(cfg, data)
     run_dir = default_run_dir(cfg)
-    writers: list[Callback] = [TableWriter()]
+    rows: list[dict[str, Any]] = list(resume.rows) if resume else []
+    all_client_rows: list[dict[str, Any]] = list(resume.client_rows) if resume else []
+    writers: list[Callback] = [TableWriter(rows, all_client_rows)]
     if cfg.output.tensorboard:
-        writers.append(TensorBoardWriter())
+        writers.append(TensorBoardWriter(purge_step=resume.round + 1 if resume else None))
     all_callbacks = [*writers, *callbacks]
-    rows: list[dict[str, Any]] = []
-    train_time = eval_time = 0.0
+    train_time = resume.train_time_s if resume else 0.0
+    eval_time = resume.eval_time_s if resume else 0.0
+    last_round = resume.round if resume else -1
+    stopped = False
+
+    def checkpoint() -> Checkpoint:
+        completed, server_state, client_states = executor.snapshot()
+        return Checkpoint(
+            round=completed,
+            server_state=server_state,
+            client_states=client_states,
+            rows=[r for r in rows if r["round"] <= completed],
+            client_rows=[r for r in all_client_rows if r["round"] <= completed],
+            train_time_s=train_time,
+            eval_time_s=eval_time,
+            algo=cfg.algo,
+        )
+
     setup_time = time.perf_counter() - t0
     try:
+        if resume is not None:
+            executor.restore(resume.round, resume.server_state, resume.client_states)
+            log.info("resumed after round %d of %d", resume.round, cfg.rounds)
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
-        if algorithm_class(cfg.algo).prologue:  # round 0: every client, before training (FedFCD)
-            executor.train_round(0, list(range(cfg.clients)))
-        for rnd in range(1, cfg.rounds + 1):
-            sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
-            t = time.perf_counter()
-            stats = executor.train_round(rnd, sampled)
-            round_time = time.perf_counter() - t
-            if stats.validate:  # the algorithm asked for the global model's validation accuracy
-                accuracy = executor.validate(rnd)
-                stats = dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", accuracy)))
-            train_time += round_time
-            for cb in all_callbacks:
-                cb.on_round(stats, round_time)
-            if not evaluation_due(cfg, rnd):
-                continue
-            t = time.perf_counter()
-            report = executor.evaluate(rnd)
-            took = time.perf_counter() - t
-            eval_time += took
-            row: dict[str, Any] = {"round": rnd, **summarize(report)}
-            row.update(
-                train_loss=stats.train_loss,
-                round_time_s=round_time,
-                eval_time_s=took,
-                bytes_down=stats.bytes_down,
-                bytes_up=stats.bytes_up,
-                **dict(stats.scalars),
-            )
-            rows.append(row)
-            for cb in all_callbacks:
-                cb.on_eval(rnd, row, client_rows(rnd, report))
+        first = last_round + 1 if resume else (0 if algorithm_class(cfg.algo).prologue else 1)
+        with StopRequest() as stop:
+            for rnd in range(first, cfg.rounds + 1):
+                if rnd == 0:  # the prologue: every client, before training (FedFCD)
+                    executor.train_round(0, list(range(cfg.clients)))
+                else:
+                    t_train, t_eval = _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows)
+                    train_time += t_train
+                    eval_time += t_eval
+                executor.end_round(rnd)
+                last_round = rnd
+                every = cfg.output.checkpoint_every
+                if stop.requested or (every > 0 and rnd > 0 and rnd % every == 0):
+                    checkpoint_mod.save(run_dir, checkpoint())
+                if stop.requested and rnd < cfg.rounds:
+                    stopped = True
+                    log.warning("stopped after round %d; resume with --resume %s", rnd, run_dir)
+                    break
+    except RunAborted as e:
+        raise RunAborted(f"{e} {_rescue(run_dir, checkpoint)}") from None
     finally:
         executor.shutdown()
         if started_ray:
@@ -160,6 +208,9 @@ def run_experiment(
         train_time_s=train_time,
         eval_time_s=eval_time,
         setup_time_s=setup_time,
+        last_round=max(last_round, 0),
+        stopped=stopped,
+        worker_restarts=executor.restarts,
     )
     summary = {"algo": cfg.algo, **result.summary(), "best_round": history.best_round()}
     for cb in all_callbacks:
@@ -167,4 +218,73 @@ def run_experiment(
     return result
 
 
-__all__ = ["ConfigError", "RunResult", "check_config", "prepare", "run_experiment", "start"]
+def _one_round(
+    cfg: ExperimentConfig,
+    executor: Executor,
+    rnd: int,
+    callbacks: Sequence[Callback],
+    rows: list[dict[str, Any]],
+    all_client_rows: list[dict[str, Any]],
+) -> tuple[float, float]:
+    """Train round ``rnd``, validate if the algorithm asks, evaluate if due; returns the training
+    and evaluation wall times."""
+    sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
+    t = time.perf_counter()
+    stats = executor.train_round(rnd, sampled)
+    round_time = time.perf_counter() - t
+    if stats.validate:  # the algorithm asked for the global model's validation accuracy
+        accuracy = executor.validate(rnd)
+        stats = dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", accuracy)))
+    for cb in callbacks:
+        cb.on_round(stats, round_time)
+    if not evaluation_due(cfg, rnd):
+        return round_time, 0.0
+    t = time.perf_counter()
+    report = executor.evaluate(rnd)
+    took = time.perf_counter() - t
+    row: dict[str, Any] = {"round": rnd, **summarize(report)}
+    row.update(
+        train_loss=stats.train_loss,
+        round_time_s=round_time,
+        eval_time_s=took,
+        bytes_down=stats.bytes_down,
+        bytes_up=stats.bytes_up,
+        **dict(stats.scalars),
+    )
+    rows.append(row)
+    per_client = client_rows(rnd, report)
+    all_client_rows.extend(per_client)
+    for cb in callbacks:
+        cb.on_eval(rnd, row, per_client)
+    return round_time, took
+
+
+def _rescue(run_dir: Path, checkpoint: Callable[[], Checkpoint]) -> str:
+    """After a failure: write the last completed round's checkpoint if its states can still be
+    fetched (a dead server leaves them in the object store), and say how to resume."""
+    resume_hint = f"resume with: python scripts/run.py --resume {run_dir}"
+    try:
+        ckpt = checkpoint()
+    except Exception as e:  # the cluster is gone with the states: the last checkpoint on disk stands
+        log.warning("the last round's state could not be fetched (%s)", e)
+    else:
+        if ckpt.round >= 0:
+            checkpoint_mod.save(run_dir, ckpt)
+            return f"A checkpoint of round {ckpt.round} was written to {run_dir}; {resume_hint}"
+    try:
+        on_disk = checkpoint_mod.load(run_dir)
+    except ConfigError:
+        return "No checkpoint was written before the failure (see output.checkpoint_every)."
+    return f"The last checkpoint in {run_dir} is of round {on_disk.round}; {resume_hint}"
+
+
+__all__ = [
+    "ConfigError",
+    "RunAborted",
+    "RunResult",
+    "StopRequest",
+    "check_config",
+    "prepare",
+    "run_experiment",
+    "start",
+]

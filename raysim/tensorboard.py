@@ -71,6 +71,17 @@ class EventWriter:
         )
         self._add(summary_pb2.Summary.Value(tag=tag, image=summary_image), step)
 
+    def purge_from(self, step: int) -> None:
+        """A session start at ``step``: TensorBoard drops the events of this run directory's earlier
+        event files at ``step`` and after (those a stopped run wrote after its checkpoint)."""
+        self._writer.add_event(
+            event_pb2.Event(
+                wall_time=time.time(),
+                step=int(step),
+                session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+            )
+        )
+
     def flush(self) -> None:
         self._writer.flush()
 

@@ -1,0 +1,79 @@
+"""Checkpoints: everything a run needs to go on from a round boundary as if it had never stopped.
+
+A checkpoint is one file, ``RUN_DIR/checkpoint.pkl``, replaced atomically (written beside it, then
+renamed) so that a run killed while writing one still has the previous one. It holds
+
+- the round it was taken after (0: after the prologue of an algorithm that has one),
+- the server state (``Algorithm.init``/``aggregate``'s state: global weights, heads, groupings,
+  prototypes, phase bookkeeping),
+- every client's personal state (what ``ClientContext.set_state`` keeps on its home worker),
+- the metric rows so far (per round and per client) and the time spent training and evaluating.
+
+The random-number positions are the round number itself: every random draw in raysim comes from
+(seed, round, client, purpose) (``raysim/rng.py``), never from a generator that advances, so a run
+resumed after round r draws in round r + 1 exactly what an uninterrupted run draws there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.pkl"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    round: int
+    server_state: Any
+    client_states: dict[int, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    client_rows: list[dict[str, Any]] = field(default_factory=list)
+    train_time_s: float = 0.0
+    eval_time_s: float = 0.0
+    algo: str = ""
+    version: int = FORMAT_VERSION
+
+
+def checkpoint_path(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / CHECKPOINT_FILE
+
+
+def save(run_dir: str | os.PathLike[str], ckpt: Checkpoint) -> int:
+    """Write ``ckpt`` atomically into ``run_dir``; returns its size in bytes."""
+    path = checkpoint_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(ckpt, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    size = path.stat().st_size
+    log.info("checkpoint of round %d written (%.2f MB)", ckpt.round, size / 1e6)
+    return size
+
+
+def load(run_dir: str | os.PathLike[str]) -> Checkpoint:
+    """The checkpoint in ``run_dir``; a ConfigError (one sentence) if there is none or it is not one."""
+    path = checkpoint_path(run_dir)
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} holds no checkpoint ({CHECKPOINT_FILE}) to resume from.")
+    try:
+        with open(path, "rb") as f:
+            ckpt = pickle.load(f)
+    except Exception as e:  # truncated or from an incompatible version of the code
+        raise ConfigError(f"The checkpoint {path} cannot be read ({type(e).__name__}: {e}).") from None
+    if not isinstance(ckpt, Checkpoint) or ckpt.version != FORMAT_VERSION:
+        raise ConfigError(f"{path} is not a checkpoint of this version of raysim.")
+    return ckpt
+

@@ -1,0 +1,110 @@
+"""Surviving failures on real Ray actors: a client worker that dies (``ray.kill``) between or in the
+middle of a round is replaced, its clients' state restored and the lost jobs retried, and the run
+ends with the undisturbed run's metrics; a dead server actor ends the run with a clear message and
+a checkpoint that resumes to the same metrics."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import raysim.runner
+from raysim import checkpoint
+from raysim.errors import RunAborted
+from raysim.output import BaseCallback
+from raysim.runner import run_experiment
+from tests.conftest import tiny_config
+
+#: Fed3+2p: phase 1 chains clients through Type-A coordinators across both workers (a chain's
+#: segments pass weights worker to worker); phase 2 keeps each client's P-head and filter on its
+#: home worker
+SETUP: dict[str, Any] = {
+    "algo": "fed3p2",
+    "model": "cnn3p2_fmnist",
+    "data.synthetic.shape": (1, 16, 16),
+    "clients": 10,
+    "rounds": 6,
+    "participation": 0.8,
+    "eval.every": 1,
+    "train.local_epochs": 3,
+    "algo.num_type_a": 3,
+    "algo.num_type_b": 3,
+    "train.lr": 0.01,
+}
+
+
+def _metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in rows]
+
+
+@pytest.fixture
+def executors(monkeypatch):
+    """The executors the runner starts, so a test can kill their actors."""
+    started: list[Any] = []
+    real_start = raysim.runner.start
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        out = real_start(*args, **kwargs)
+        started.append(out[0])
+        return out
+
+    monkeypatch.setattr(raysim.runner, "start", start)
+    return started
+
+
+class Kill(BaseCallback):
+    """``ray.kill`` an actor of the running executor when round ``rnd`` is logged: at once (it is
+    gone when the next round starts) or ``delay`` seconds later, in the middle of the next round."""
+
+    def __init__(self, executors: list[Any], rnd: int, which: str, delay: float = 0.0) -> None:
+        self.executors, self.rnd, self.which, self.delay = executors, rnd, which, delay
+        self.timer: threading.Timer | None = None
+
+    def on_round(self, stats: Any, round_time: float) -> None:
+        import ray
+
+        if stats.rnd != self.rnd:
+            return
+        ex = self.executors[-1]
+        actor = ex.server if self.which == "server" else ex.workers[1]
+        if self.delay:
+            self.timer = threading.Timer(self.delay, ray.kill, (actor,))
+            self.timer.start()
+        else:
+            ray.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory):
+    """The serial run (serial and Ray runs are equal, tests/engine/test_determinism.py)."""
+    return run_experiment(tiny_config(tmp_path_factory.mktemp("serial"), **SETUP))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("when", ["between_rounds", "mid_round"])
+def test_a_dead_client_worker_is_replaced_and_the_metrics_do_not_change(
+    tmp_path, ray_local, executors, undisturbed, when
+):
+    cfg = tiny_config(tmp_path, **SETUP, **{"ray.executor": "ray", "ray.workers": 2})
+    # round 2 is in phase 1 (chains across workers), round 4 in phase 2 (personal state on workers)
+    kills = [Kill(executors, 2, "worker", 0.0 if when == "between_rounds" else 0.3)]
+    kills.append(Kill(executors, 4, "worker", 0.0 if when == "between_rounds" else 0.3))
+    result = run_experiment(cfg, kills)
+    assert result.worker_restarts == 2
+    assert _metrics(result.rows) == _metrics(undisturbed.rows)
+
+
+@pytest.mark.ray
+def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(tmp_path, ray_local, executors, undisturbed):
+    cfg = tiny_config(tmp_path, **SETUP, **{"ray.executor": "ray", "ray.workers": 2, "output.checkpoint_every": 0})
+    with pytest.raises(RunAborted) as info:
+        run_experiment(cfg, [Kill(executors, 3, "server")])
+    message = str(info.value)
+    # killed before round 3 was evaluated: round 2 is the last completed one
+    assert "server actor died" in message and "checkpoint of round 2" in message and "--resume" in message
+    ckpt = checkpoint.load(tmp_path)
+    assert ckpt.round == 2 and _metrics(ckpt.rows) == _metrics(undisturbed.rows[:2])
+    resumed = run_experiment(cfg, resume=ckpt)
+    assert _metrics(resumed.rows) == _metrics(undisturbed.rows)
