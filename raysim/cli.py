@@ -41,7 +41,7 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
     "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),
     "executor": ("ray.executor", str, "ray | serial"),
-    "address": ("ray.address", str, "Ray cluster address to join (default: RAY_ADDRESS, else local Ray)"),
+    "address": ("ray.address", str, "Ray cluster address to join (default: RAY_ADDRESS, else local Ray; local: Ray started here)"),
     "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
     "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
     "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),

@@ -91,6 +91,9 @@ class RayConfig:
     #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
     #: state restored and the lost jobs retried, at most this many times in a run
     max_worker_restarts: int = 10
+    #: how long a replacement worker may wait for a place in the cluster (e.g. for an autoscaler to
+    #: add a node) before the run ends with a checkpoint
+    replace_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)

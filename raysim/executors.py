@@ -407,7 +407,20 @@ class RayExecutor:
             refs = list(by_ref)
             setup = worker.setup.remote()
             restored = worker.import_states.remote([by_ref[r] for r in refs], *refs)
-            ray.get([setup, restored])
+            try:
+                ray.get([setup, restored], timeout=self.cfg.ray.replace_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(worker)
+                raise RunAborted(
+                    f"Client worker {w} died and no replacement found a place in the cluster within "
+                    f"{self.cfg.ray.replace_timeout_s:g} s (ray.replace_timeout_s); the cluster has lost "
+                    "nodes or resources."
+                ) from None
+            except ray.exceptions.RayError as e:  # its clients' states were lost with their node
+                ray.kill(worker)
+                raise RunAborted(
+                    f"Client worker {w} died and its clients' state could not be restored ({_first_line(e)})."
+                ) from None
             self.workers[w] = worker
 
     # ---- rounds

@@ -37,7 +37,10 @@ def local_ray_environment() -> None:
 
 
 def cluster_address(cfg: ExperimentConfig) -> str | None:
-    return cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    """The cluster to join: ``ray.address``, else ``RAY_ADDRESS``; None (start Ray here) when
+    neither is set or the address is ``local`` (e.g. to resume a cluster's run on a laptop)."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    return None if address == "local" else address
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -85,6 +88,10 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     runtime_env = worker_runtime_env()
     if address is not None:
         check_reachable(address)
+        if address.split("://", 1)[-1].startswith(("127.0.0.1:", "localhost:")):
+            # a cluster on this machine's loopback (cluster/local_cluster.sh): without this, Ray
+            # would give the driver the machine's network address, which the cluster cannot reach
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
         except Exception as e:  # connection and auth failures: the user's cluster, not a bug

@@ -108,3 +108,67 @@ def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(tmp_path, ray
     assert ckpt.round == 2 and _metrics(ckpt.rows) == _metrics(undisturbed.rows[:2])
     resumed = run_experiment(cfg, resume=ckpt)
     assert _metrics(resumed.rows) == _metrics(undisturbed.rows)
+
+
+@pytest.mark.ray
+def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(tmp_path):
+    """A two-node cluster loses the node of one client worker: no replacement finds a place, the
+    run ends (exit 1) saying so, with a checkpoint of the last completed round, and the run resumes
+    on local Ray to the undisturbed metrics."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+    from ray.cluster_utils import Cluster
+
+    root = Path(__file__).resolve().parents[2]
+    args = [
+        "--algo", "fedper", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "8",
+        "--participation", "0.5", "--local-epochs", "5", "--threads", "1", "--no-progress", "--seed", "3",
+        "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=800",
+        "--rounds", "60", "--checkpoint-every", "0",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+    def cli(extra: list[str], **kw: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(root / "scripts" / "run.py"), *extra],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+        )  # fmt: skip
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        node = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        run = cli(
+            [*args, "--address", cluster.address, "--workers", "2", "--out", str(tmp_path / "run"),
+             "--set", "ray.replace_timeout_s=5"]
+        )  # fmt: skip
+        metrics = tmp_path / "run" / "metrics.parquet"
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and pq.read_metadata(metrics).num_rows >= 2):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-2000:]
+            time.sleep(0.05)
+        cluster.remove_node(node)
+        _, err = run.communicate(timeout=180)
+    finally:
+        cluster.shutdown()
+    assert run.returncode == 1, err[-2000:]
+    assert "no replacement found a place in the cluster" in err and "--resume" in err, err[-2000:]
+    assert "Traceback" not in err
+    stopped_at = checkpoint.load(tmp_path / "run").round
+    assert 2 <= stopped_at < 60
+    resumed = cli(["--resume", str(tmp_path / "run"), "--address", "local", "--workers", "2", "--no-progress"])
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["rounds"] == 60
+    serial = cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")])
+    assert serial.wait(300) == 0
+    a = pq.read_table(tmp_path / "serial" / "metrics.parquet").to_pylist()
+    b = pq.read_table(metrics).to_pylist()
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
+    assert strip(a) == strip(b)

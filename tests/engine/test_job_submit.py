@@ -1,0 +1,204 @@
+"""A real `ray start` cluster on this machine (``cluster/local_cluster.sh``: a head and one worker
+node, one CPU each, on loopback, at ports free right now) and an experiment submitted to it with
+``ray job submit --working-dir``, the way a cluster run is launched; and the cluster definitions
+for `ray up` and KubeRay, checked against Ray's own config schema and raysim's command line.
+
+The cluster's processes are found by its state directory (every one of them names it, or descends
+from one that does); the module checks that ``stop`` leaves none behind and never touches other Ray
+processes on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "cluster" / "local_cluster.sh"
+RAY = Path(sys.executable).parent / "ray"
+
+#: the issue's command (``--algo fed3p2 --clients 100``) on small synthetic data: one round per phase
+RUN_ARGS = [
+    "--algo", "fed3p2", "--clients", "100", "--dataset", "synthetic", "--rounds", "2", "--local-epochs", "1",
+    "--threads", "1", "--no-progress", "--set", "data.synthetic.shape=1,16,16",
+    "--set", "data.synthetic.train_samples=4000", "--partition", "dirichlet:0.5",
+]  # fmt: skip
+
+needs_ray_cli = pytest.mark.skipif(not RAY.exists(), reason=f"no ray executable beside {sys.executable}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _client_env(**extra: str) -> dict[str, str]:
+    """A client of a `ray start` cluster on loopback with token authentication."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(
+        RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **extra
+    )
+    return env
+
+
+def _cluster_pids(state: Path) -> set[int]:
+    """Live processes of the cluster in ``state``: those naming its node temp dirs, and their
+    descendants (what ``local_cluster.sh stop`` ends)."""
+    import psutil
+
+    mine = re.compile(re.escape(str(state)) + r"/n[0-9]+(/|\s|$)")
+    pids: set[int] = set()
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and mine.search(" ".join(p.info["cmdline"] or [])):
+                pids.add(p.pid)
+                pids.update(c.pid for c in p.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            pass
+    return pids
+
+
+class LocalCluster:
+    def __init__(self, state: Path, port: int, dashboard_port: int) -> None:
+        self.state, self.port, self.dashboard_port = state, port, dashboard_port
+        self.address = f"127.0.0.1:{port}"
+        self.dashboard = f"http://127.0.0.1:{dashboard_port}"
+        self.env = _client_env(RAYSIM_CLUSTER_DIR=str(state))
+
+    def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[LocalCluster]:
+    # short: Ray's Unix sockets live under it
+    state = Path(tempfile.mkdtemp(prefix="rsc-", dir="/tmp")).resolve()
+    cluster = LocalCluster(state, _free_port(), _free_port())
+    try:
+        started = cluster.script(
+            "start", "--workers", "1", "--cpus-per-node", "1", "--object-store-mb", "200",
+            "--port", str(cluster.port), "--dashboard-port", str(cluster.dashboard_port),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stdout + started.stderr[-3000:]
+        assert f"address {cluster.address}" in started.stdout, started.stdout
+        assert f"dashboard {cluster.dashboard}" in started.stdout, started.stdout
+        assert _cluster_pids(state), "the cluster's processes were not found by its state directory"
+        yield cluster
+    finally:
+        stopped = cluster.script("stop")
+        left = _cluster_pids(state)
+        shutil.rmtree(state, ignore_errors=True)
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert not left, f"processes left after stop: {sorted(left)}"
+
+
+@pytest.mark.ray
+@needs_ray_cli
+def test_local_cluster_has_a_head_and_a_worker_node(local_cluster: LocalCluster) -> None:
+    proc = subprocess.run(
+        [str(RAY), "list", "nodes", "--address", local_cluster.dashboard, "--format", "json"],
+        env=local_cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    nodes = [n for n in json.loads(proc.stdout) if n["state"] == "ALIVE"]
+    assert sorted(n["is_head_node"] for n in nodes) == [False, True], nodes
+    assert all(n["node_ip"] == "127.0.0.1" and n["resources_total"]["CPU"] == 1 for n in nodes), nodes
+    status = local_cluster.script("status", timeout=60)
+    assert status.returncode == 0 and "2.0 CPU" in status.stdout, status.stdout + status.stderr[-2000:]
+
+
+@pytest.mark.ray
+@needs_ray_cli
+def test_job_submit_runs_an_experiment_on_the_cluster(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    job_id = f"raysim-test-{uuid.uuid4().hex[:8]}"
+    submit = subprocess.run(
+        [str(RAY), "job", "submit", "--address", local_cluster.dashboard, "--submission-id", job_id,
+         "--working-dir", str(ROOT), "--", "python", "scripts/run.py", *RUN_ARGS, "--out", str(out)],
+        env=local_cluster.env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stdout[-4000:] + submit.stderr[-2000:]
+
+    logs = subprocess.run(
+        [str(RAY), "job", "logs", job_id, "--address", local_cluster.dashboard],
+        env=local_cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert logs.returncode == 0, logs.stderr[-2000:]
+    last = [line for line in logs.stdout.splitlines() if line.startswith("{")][-1]
+    summary = json.loads(last)
+    assert summary["algo"] == "fed3p2" and summary["rounds"] == 2
+    assert "2 client workers ready on 2 node(s)" in logs.stdout, logs.stdout[-3000:]
+    assert summary["run_dir"] == str(out)
+    assert pq.read_table(out / "metrics.parquet").num_rows == 2
+    assert json.loads((out / "summary.json").read_text())
+
+    # the working dir went up without what .gitignore and Ray's default excludes leave out
+    # (.venv, runs, data, .git): the job ran from its unpacked copy on the head node
+    unpacked = list(local_cluster.state.glob("n0/session_*/runtime_resources/working_dir_files/_ray_pkg_*/"))
+    assert unpacked, "no unpacked working dir on the head node"
+    names = {p.name for p in unpacked[0].iterdir()}
+    assert {"raysim", "algorithms", "scripts", "pyproject.toml"} <= names, names
+    assert not names & {".venv", "runs", "data", ".git"}, names
+
+
+def test_ray_up_config_is_valid() -> None:
+    import copy
+
+    import jsonschema
+    import ray.autoscaler
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((ROOT / "cluster" / "raysim-cluster.yaml").read_text())
+    schema = json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
+    jsonschema.validate(config, schema)
+    validate_config(prepare_config(copy.deepcopy(config)))  # what `ray up` checks before launching
+    types = config["available_node_types"]
+    workers = [t for name, t in types.items() if name != config["head_node_type"]]
+    assert sorted(t["resources"].get("GPU", 0) for t in workers) == [0, 1]
+    assert any("scripts/setup.sh" in c for c in config["setup_commands"])
+    assert all(
+        ".venv/bin" in " ".join(config[k]) for k in ("head_start_ray_commands", "worker_start_ray_commands")
+    )
+
+
+def test_rayjob_manifest_runs_a_valid_raysim_command() -> None:
+    import shlex
+
+    import yaml
+
+    from raysim.cli import config_from_args
+
+    job = yaml.safe_load((ROOT / "cluster" / "rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    groups = {g["groupName"]: g for g in spec["rayClusterSpec"]["workerGroupSpecs"]}
+    limits = {
+        name: g["template"]["spec"]["containers"][0]["resources"]["limits"] for name, g in groups.items()
+    }
+    assert sorted(int(lim.get("nvidia.com/gpu", 0)) for lim in limits.values()) == [0, 1]
+    argv = shlex.split(spec["entrypoint"])
+    assert argv[0] == "python" and argv[1].endswith("scripts/run.py")
+    cfg = config_from_args(argv[2:])  # raises on a flag or value raysim does not take
+    assert (cfg.algo, cfg.clients, cfg.ray.gpus_per_worker) == ("fed3p2", 100, 0.25)
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
+    assert cfg.data.data_dir is not None and cfg.output.out is not None
+    assert any(cfg.data.data_dir.startswith(m) for m in mounts) and any(
+        cfg.output.out.startswith(m) for m in mounts
+    )
