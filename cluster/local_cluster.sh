@@ -4,7 +4,7 @@
 #
 #   bash cluster/local_cluster.sh start [--workers N] [--cpus-per-node C] [--head-cpus H]
 #                                       [--gpus-per-node G] [--object-store-mb M]
-#                                       [--port P] [--dashboard-port D]
+#                                       [--port P] [--dashboard-port D] [--no-dashboard]
 #   bash cluster/local_cluster.sh status      (addresses and `ray status`)
 #   bash cluster/local_cluster.sh ps          (this cluster's processes)
 #   bash cluster/local_cluster.sh stop
@@ -152,7 +152,7 @@ alive_nodes() {
 }
 
 cmd_start() {
-  local workers=2 cpus=1 head_cpus="" gpus=0 store_mb="" port=6379 dash=8265
+  local workers=2 cpus=1 head_cpus="" gpus=0 store_mb="" port=6379 dash=8265 dashboard=true
   while [ $# -gt 0 ]; do
     case "$1" in
       --workers) workers=$2; shift 2 ;;
@@ -162,6 +162,7 @@ cmd_start() {
       --object-store-mb) store_mb=$2; shift 2 ;;
       --port) port=$2; shift 2 ;;
       --dashboard-port) dash=$2; shift 2 ;;
+      --no-dashboard) dashboard=false; shift ;;  # no dashboard, so no job server (`ray job submit`)
       -h|--help) usage; exit 0 ;;
       *) die "unknown option $1 (see --help)" ;;
     esac
@@ -170,7 +171,7 @@ cmd_start() {
   [ "${#STATE}" -le 48 ] || die "RAYSIM_CLUSTER_DIR=$STATE is too long (Ray's socket paths live under it); use a path of at most 48 characters"
   if running; then die "a cluster from $STATE is already running (bash $0 status | stop)"; fi
   port_free "$port" || die "port $port is in use (another Ray?); choose one with --port"
-  port_free "$dash" || die "dashboard port $dash is in use; choose one with --dashboard-port"
+  [ "$dashboard" = false ] || port_free "$dash" || die "dashboard port $dash is in use; choose one with --dashboard-port"
   if [ "$RAY_AUTH_MODE" = token ]; then
     # a token for this cluster and its clients: ~/.ray/auth_token, made if missing (as a local
     # ray.init() does); `ray start --head` with token mode and no token fails
@@ -194,7 +195,7 @@ cmd_start() {
   export DASHBOARD_METRIC_PORT=${DASHBOARD_METRIC_PORT:-$(free_port)}
   log "head: GCS 127.0.0.1:$port, dashboard http://127.0.0.1:$dash, $head_cpus CPUs"
   if ! "$RAY" start --head --node-ip-address 127.0.0.1 --port "$port" --num-cpus "$head_cpus" \
-      --temp-dir "$STATE/n0" --include-dashboard=true --dashboard-host 127.0.0.1 --dashboard-port "$dash" \
+      --temp-dir "$STATE/n0" --include-dashboard="$dashboard" --dashboard-host 127.0.0.1 --dashboard-port "$dash" \
       --ray-client-server-port "$(free_port)" "${common[@]}" >"$STATE/start-n0.log" 2>&1; then
     tail -20 "$STATE/start-n0.log" >&2
     cmd_stop >/dev/null 2>&1 || true
@@ -220,22 +221,24 @@ cmd_start() {
     cmd_stop >/dev/null 2>&1 || true
     die "only $n of $want nodes joined"
   fi
+  local dash_url="http://127.0.0.1:$dash"
+  [ "$dashboard" = true ] || dash_url="none"
   cat >"$STATE/cluster.env" <<EOF
 # source this file to talk to the local cluster
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=$RAY_AUTH_MODE
 RAYSIM_CLUSTER_ADDRESS=127.0.0.1:$port
-RAYSIM_CLUSTER_DASHBOARD=http://127.0.0.1:$dash
+RAYSIM_CLUSTER_DASHBOARD=$dash_url
 RAYSIM_CLUSTER_NODES=$want
 EOF
   cat <<EOF
 local Ray cluster up: head + $workers worker nodes ($n nodes alive), all on 127.0.0.1; state in $STATE
   environment:    export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=$RAY_AUTH_MODE   (or: source $STATE/cluster.env)
   raysim driver:  .venv/bin/python scripts/run.py ... --address 127.0.0.1:$port
-  job submission: ray job submit --address http://127.0.0.1:$dash --working-dir . -- python scripts/run.py ...
-  status:         ray status --address 127.0.0.1:$port   (dashboard: http://127.0.0.1:$dash)
+  job submission: ray job submit --address $dash_url --working-dir . -- python scripts/run.py ...
+  status:         ray status --address 127.0.0.1:$port   (dashboard: $dash_url)
   stop:           bash cluster/local_cluster.sh stop
 address 127.0.0.1:$port
-dashboard http://127.0.0.1:$dash
+dashboard $dash_url
 EOF
 }
 

@@ -68,3 +68,20 @@ def ray_local() -> Iterator[None]:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def executors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The executors ``run_experiment`` starts in this test, so that it can kill their actors."""
+    import raysim.runner
+
+    started: list[Any] = []
+    real_start = raysim.runner.start
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        out = real_start(*args, **kwargs)
+        started.append(out[0])
+        return out
+
+    monkeypatch.setattr(raysim.runner, "start", start)
+    return started

@@ -5,7 +5,8 @@ checkpoint size per round.
 Workload: ``scripts/run.py --algo fed3p2`` with its paper setup on Fashion-MNIST (100 clients,
 Dir(0.1), participation 0.2, batch 40), cut to ``--rounds`` rounds of ``--local-epochs`` epochs,
 half of them in each phase, a checkpoint after every round. Two runs, one after the other, with the
-same total resources (``--cpus`` CPUs, one client worker per CPU):
+same total resources (``--cpus`` CPUs, one client worker per CPU unless ``--workers``; with ``--gpu``
+the workers share the machine's one GPU in both runs):
 
 - ``one_node``: local Ray (one raylet with every CPU);
 - ``two_nodes``: ``cluster/local_cluster.sh`` (``ray start``): a head and one worker node, each with
@@ -88,28 +89,41 @@ def main() -> None:
     p.add_argument("--local-epochs", type=int, default=5)
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--cpus", type=int, default=2, help="CPUs in all (the two nodes get half each)")
+    p.add_argument("--workers", type=int, default=None, help="client workers (default: one per CPU)")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the workers share the machine's one GPU: 1/W of it each on one node; on two nodes each "
+        "node offers the GPU as its own and its W/2 workers take 2/W of it each",
+    )
     args = p.parse_args()
+    workers = args.workers or args.cpus
+    cpw = args.cpus / workers
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
     common = [
         "--algo", "fed3p2", "--dataset", "fmnist", "--clients", str(args.clients),
         "--rounds", str(args.rounds), "--local-epochs", str(args.local_epochs), "--no-progress",
-        "--no-tensorboard", "--checkpoint-every", "1", "--workers", str(args.cpus), "--cpus-per-worker", "1",
+        "--no-tensorboard", "--checkpoint-every", "1", "--workers", str(workers), "--cpus-per-worker", f"{cpw:g}",
     ]  # fmt: skip
+    gpu_one = ["--gpus-per-worker", f"{1 / workers:g}"] if args.gpu else []
+    gpu_two = ["--gpus-per-worker", f"{2 / workers:g}"] if args.gpu else []
     tmp = Path(tempfile.mkdtemp(prefix="raysim-bench-cluster-"))
-    one = run(common, tmp / "one_node", env)
+    one = run([*common, *gpu_one], tmp / "one_node", env)
     state = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths live under it
     cluster_env = {**env, "RAYSIM_CLUSTER_DIR": str(state)}
     script = ["bash", str(ROOT / "cluster" / "local_cluster.sh")]
     port = free_port()
     half = str(max(1, args.cpus // 2))
-    subprocess.run(
+    started = subprocess.run(
         [*script, "start", "--workers", "1", "--head-cpus", half, "--cpus-per-node", half,
-         "--port", str(port), "--dashboard-port", str(free_port())],
-        env=cluster_env, check=True, capture_output=True,
+         "--port", str(port), "--no-dashboard", *(["--gpus-per-node", "1"] if args.gpu else [])],
+        env=cluster_env, capture_output=True, text=True,
     )  # fmt: skip
+    if started.returncode != 0:
+        sys.exit(f"the local cluster did not start:\n{started.stdout}{started.stderr[-3000:]}")
     try:
-        two = run([*common, "--address", f"127.0.0.1:{port}"], tmp / "two_nodes", env)
+        two = run([*common, *gpu_two, "--address", f"127.0.0.1:{port}"], tmp / "two_nodes", env)
     finally:
         subprocess.run([*script, "stop"], env=cluster_env, capture_output=True)
     a, b = summarize("one_node", one), summarize("two_nodes", two)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-import raysim.runner
 from raysim import checkpoint
 from raysim.errors import RunAborted
 from raysim.output import BaseCallback
@@ -37,21 +36,6 @@ SETUP: dict[str, Any] = {
 
 def _metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in rows]
-
-
-@pytest.fixture
-def executors(monkeypatch):
-    """The executors the runner starts, so a test can kill their actors."""
-    started: list[Any] = []
-    real_start = raysim.runner.start
-
-    def start(*args: Any, **kwargs: Any) -> Any:
-        out = real_start(*args, **kwargs)
-        started.append(out[0])
-        return out
-
-    monkeypatch.setattr(raysim.runner, "start", start)
-    return started
 
 
 class Kill(BaseCallback):

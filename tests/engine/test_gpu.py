@@ -62,3 +62,28 @@ def test_workers_sharing_one_gpu_train_on_cuda_and_match_serial(tmp_path, ray_lo
         assert executor.devices == ["cuda"] * 4
     finally:
         executor.shutdown()
+
+
+def test_dead_gpu_workers_are_replaced_and_a_stopped_run_resumes_on_cuda(tmp_path, ray_local, executors):
+    """A worker on a share of the GPU killed after round 1 (phase 1) and again after round 3
+    (phase 2, clients with personal state): the replacements start CUDA afresh, take their
+    clients' state and give the serial GPU run's metrics; a run stopped by Ctrl-C after round 2
+    and resumed on the GPU workers does too. (Kills in the middle of a round: test_fault_tolerance;
+    these rounds are too short on a GPU to aim at.)"""
+    from raysim import checkpoint
+    from tests.engine.test_checkpoint import CtrlCAfter
+    from tests.engine.test_fault_tolerance import Kill
+
+    serial = run_experiment(tiny_config(tmp_path / "s", **SETUP, **{"ray.gpus_per_worker": 1.0}))
+    on_gpu = {"ray.executor": "ray", "ray.workers": 2, "ray.gpus_per_worker": 0.5}
+    killed = run_experiment(
+        tiny_config(tmp_path / "k", **SETUP, **on_gpu),
+        [Kill(executors, 1, "worker"), Kill(executors, 3, "worker")],
+    )
+    assert killed.worker_restarts == 2
+    assert _metrics(killed) == _metrics(serial)
+    cfg = tiny_config(tmp_path / "c", **SETUP, **on_gpu)
+    stopped = run_experiment(cfg, [CtrlCAfter(2)])
+    assert stopped.stopped and stopped.last_round == 2
+    resumed = run_experiment(cfg, resume=checkpoint.load(tmp_path / "c"))
+    assert _metrics(resumed) == _metrics(serial)
