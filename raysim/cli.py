@@ -41,7 +41,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
     "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),
     "executor": ("ray.executor", str, "ray | serial"),
-    "address": ("ray.address", str, "Ray cluster address to join (default: RAY_ADDRESS, else local Ray; local: Ray started here)"),
+    "address": (
+        "ray.address",
+        str,
+        "Ray cluster address to join (default: RAY_ADDRESS, else local Ray; local: Ray started here)",
+    ),
     "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
     "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
     "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),
@@ -52,8 +56,17 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     ),
 }
 
-#: what a resumed run may change: where and how it runs, and how far; not what it computes
-RESUMABLE = ("ray.", "rounds", "output.progress", "output.tensorboard", "output.checkpoint_every")
+#: what a resumed run may change: where and how it runs (and where its data is), and how far; not
+#: what it computes
+RESUMABLE = (
+    "ray.",
+    "rounds",
+    "data.data_dir",
+    "data.download",
+    "output.progress",
+    "output.tensorboard",
+    "output.checkpoint_every",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,8 +136,9 @@ def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
         fixed = [k for k, _ in given if not k.startswith(RESUMABLE) or k == "output.out"]
         if fixed:
             raise ConfigError(
-                f"A resumed run keeps its settings; {fixed[0]} cannot be changed (only ray.*, rounds, "
-                "output.progress, output.tensorboard and output.checkpoint_every can)."
+                f"A resumed run keeps its settings; {fixed[0]} cannot be changed (only "
+                + ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE)
+                + " can)."
             )
         config_file = Path(args.resume) / "config.yaml"
         if not config_file.is_file():

@@ -69,6 +69,8 @@ class TableWriter(BaseCallback):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_yaml(cfg, run_dir / "config.yaml")
+        if self.rows:  # resumed: the tables go back to the checkpoint's (a killed run may have written more)
+            self._write()
 
     def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
         self.rows.append(row)
