@@ -10,21 +10,15 @@ a baseline of Fed3+2p and FedDr+.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import (
-    Algorithm,
     ClientResult,
-    Job,
-    JobResult,
-    ServerContext,
     WeightsPayload,
-    average_uploads,
     register,
 )
-from algorithms.fedavg import GlobalState
+from algorithms.fedavg import AveragedWeights
 from raysim.errors import ConfigError
 from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
 
@@ -47,29 +41,17 @@ class PersonalModel:
 
 
 @register("ditto")
-class Ditto(Algorithm[GlobalState]):
+class Ditto(AveragedWeights):
     Config = DittoConfig
     has_global_model = True
     has_personal_model = True
+    pinned = True  # v_k lives on k's home worker
     aliases = {"lambda": "lam"}
 
     @classmethod
     def check(cls, cfg: Any, params: DittoConfig) -> None:
         if params.lam < 0:
             raise ConfigError(f"Ditto's lambda must be >= 0, not {params.lam}.")
-
-    def init(self, ctx: ServerContext) -> GlobalState:
-        return GlobalState(ctx.init_weights.select(GLOBAL_PARTS))
-
-    def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        payload = WeightsPayload(state.weights, self.lr(rnd))
-        return [Job((c,), payload, pinned=True) for c in sampled]
-
-    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
-        return GlobalState(average_uploads(results))
-
-    def eval_payload(self, state: GlobalState) -> ModelWeights:
-        return state.weights
 
     def _personal(self, ctx: ClientContext) -> ModelWeights:
         state: PersonalModel | None = ctx.state

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from algorithms.base import (
     Algorithm,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GlobalState:
-    weights: ModelWeights  # extractor, filter, head
+    weights: ModelWeights  # the shared parts (FedAvg: extractor, filter, head)
 
 
 def train_global_parts(
@@ -44,15 +44,31 @@ def train_global_parts(
     return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
 
 
-@register("fedavg")
-class FedAvg(Algorithm[GlobalState]):
+class AveragedWeights(Algorithm[GlobalState]):
+    """FedAvg's server side, shared by the algorithms built on it (FedProx, Ditto, FedRoD, FedPer,
+    FedRep): the weights of ``shared_parts`` start from the seeded model, go to every sampled client
+    in a job of its own (on the client's home worker when ``pinned``, where its personal state
+    lives) and come back averaged by training-set size."""
+
+    shared_parts: tuple[str, ...] = GLOBAL_PARTS
+    pinned = False
+
     def init(self, ctx: ServerContext) -> GlobalState:
-        return GlobalState(ctx.init_weights.select(GLOBAL_PARTS))
+        return GlobalState(ctx.init_weights.select(self.shared_parts))
 
     def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
         payload = WeightsPayload(state.weights, self.lr(rnd))
-        return [Job((c,), payload) for c in sampled]
+        return [Job((c,), payload, pinned=self.pinned) for c in sampled]
 
+    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
+        return GlobalState(average_uploads(results))
+
+    def eval_payload(self, state: GlobalState) -> ModelWeights:
+        return state.weights
+
+
+@register("fedavg")
+class FedAvg(AveragedWeights):
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective (FedProx adds its proximal term here)."""
         from raysim.train import cross_entropy
@@ -61,12 +77,6 @@ class FedAvg(Algorithm[GlobalState]):
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         return train_global_parts(ctx, payload, self.loss_fn(ctx, payload))
-
-    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
-        return GlobalState(average_uploads(results))
-
-    def eval_payload(self, state: GlobalState) -> Any:
-        return state.weights
 
     def global_model(self, model: SplitModel, eval_payload: ModelWeights) -> SplitModel:
         set_weights(model, eval_payload)

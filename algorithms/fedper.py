@@ -14,21 +14,16 @@ training-set size; the ``head`` is personal and never leaves its client (kept on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import (
-    Algorithm,
     ClientResult,
-    Job,
-    JobResult,
     NoConfig,
-    ServerContext,
     WeightsPayload,
-    average_uploads,
     register,
 )
+from algorithms.fedavg import AveragedWeights
 from raysim.errors import ConfigError
 from raysim.weights import BODY, ModelWeights
 
@@ -39,33 +34,17 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class BodyState:
-    body: ModelWeights
-
-
-@dataclass(frozen=True)
 class OwnHead:
     head: ModelWeights
 
 
-class SharedBody(Algorithm[BodyState]):
+class SharedBody(AveragedWeights):
     """Shared, averaged body; personal head on the home worker."""
 
     has_global_model = False
     has_personal_model = True
-
-    def init(self, ctx: ServerContext) -> BodyState:
-        return BodyState(ctx.init_weights.select(BODY))
-
-    def plan(self, state: BodyState, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        payload = WeightsPayload(state.body, self.lr(rnd))
-        return [Job((c,), payload, pinned=True) for c in sampled]
-
-    def aggregate(self, state: BodyState, rnd: int, results: Sequence[JobResult]) -> BodyState:
-        return BodyState(average_uploads(results))
-
-    def eval_payload(self, state: BodyState) -> ModelWeights:
-        return state.body
+    shared_parts = BODY
+    pinned = True
 
     def own_head(self, ctx: ClientContext) -> ModelWeights:
         state: OwnHead | None = ctx.state

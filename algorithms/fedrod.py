@@ -12,21 +12,16 @@ and Chao, ICLR 2022), a baseline of Fed3+2p and FedDr+.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import (
-    Algorithm,
     ClientResult,
-    Job,
-    JobResult,
     NoConfig,
-    ServerContext,
     WeightsPayload,
-    average_uploads,
     register,
 )
+from algorithms.fedavg import AveragedWeights
 from raysim.weights import GLOBAL_PARTS, ModelWeights, set_weights
 
 if TYPE_CHECKING:
@@ -37,33 +32,18 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RoDState:
-    weights: ModelWeights  # body and generic head
-
-
-@dataclass(frozen=True)
 class OwnPHead:
     phead: ModelWeights
 
 
 @register("fedrod")
-class FedRoD(Algorithm[RoDState]):
+class FedRoD(AveragedWeights):
+    """The shared state: body and generic head."""
+
     Config = NoConfig
     has_global_model = True
     has_personal_model = True
-
-    def init(self, ctx: ServerContext) -> RoDState:
-        return RoDState(ctx.init_weights.select(GLOBAL_PARTS))
-
-    def plan(self, state: RoDState, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        payload = WeightsPayload(state.weights, self.lr(rnd))
-        return [Job((c,), payload, pinned=True) for c in sampled]
-
-    def aggregate(self, state: RoDState, rnd: int, results: Sequence[JobResult]) -> RoDState:
-        return RoDState(average_uploads(results))
-
-    def eval_payload(self, state: RoDState) -> ModelWeights:
-        return state.weights
+    pinned = True  # the personal head lives on the home worker
 
     def _phead(self, ctx: ClientContext) -> ModelWeights:
         state: OwnPHead | None = ctx.state

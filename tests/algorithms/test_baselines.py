@@ -42,7 +42,7 @@ def test_fedper_averages_the_body_and_keeps_heads_on_their_clients(tmp_path):
     got = run_round(ex, 1, [0, 1, 2, 3])
     assert all(set(r.weights.part_names) == set(BODY) for r in got)  # no head is sent
     body = weighted_mean([r.weights for r in got], [r.num_samples for r in got])
-    assert ex.server.state.body.equals(body)
+    assert ex.server.state.weights.equals(body)
     heads = {c: ex.runtime.states[c].head for c in (0, 1, 2, 3)}
     assert not heads[0].equals(heads[1])
     run_round(ex, 2, [1, 2])
