@@ -42,6 +42,12 @@ def tiny_config(tmp_path: Any = None, **changes: Any) -> ExperimentConfig:
     return replace(ExperimentConfig(), **base)
 
 
+def without_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metric rows without their wall times (``*_time_s``, which differ from run to run): what two
+    runs that must give the same numbers are compared on."""
+    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in rows]
+
+
 def run_round(executor: Any, rnd: int, clients: list[int]) -> list[Any]:
     """Run round ``rnd`` on a SerialExecutor and return every ClientResult the server received."""
     got: list[Any] = []

@@ -8,7 +8,7 @@ from algorithms.base import ClientResult, Job, JobResult
 from raysim.executors import SerialExecutor
 from raysim.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, without_times
 
 
 def _executor(cfg):
@@ -50,8 +50,7 @@ def _upload_distance(cfg, client=2):
 def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_to_the_global_model(tmp_path):
     base = run_experiment(tiny_config(tmp_path / "a"))
     prox0 = run_experiment(tiny_config(tmp_path / "b", algo="fedprox", **{"algo.mu": 0.0}))
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
-    assert strip(base.rows) == strip(prox0.rows)
+    assert without_times(base.rows) == without_times(prox0.rows)
     far = _upload_distance(tiny_config(tmp_path, algo="fedprox", **{"algo.mu": 0.0, "train.local_epochs": 3}))
     near = _upload_distance(
         tiny_config(tmp_path, algo="fedprox", **{"algo.mu": 5.0, "train.local_epochs": 3})

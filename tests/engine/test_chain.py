@@ -7,7 +7,7 @@ import pytest
 
 from raysim.executors import SerialExecutor
 from raysim.runner import prepare, run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, without_times
 
 TOY = "tests.engine.chain_toy:ChainToy"
 
@@ -41,5 +41,4 @@ def test_chain_across_ray_workers_equals_serial(tmp_path, ray_local):
     ray_run = run_experiment(
         tiny_config(tmp_path / "r", algo=TOY, rounds=2, **{"ray.executor": "ray", "ray.workers": 2})
     )
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
-    assert strip(ray_run.rows) == strip(serial.rows)
+    assert without_times(ray_run.rows) == without_times(serial.rows)

@@ -18,7 +18,7 @@ import pytest
 from raysim import checkpoint
 from raysim.output import BaseCallback
 from raysim.runner import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, without_times
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +43,6 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in rows]
-
-
 class CtrlCAfter(BaseCallback):
     """Sends this process SIGINT while round ``rnd`` is being logged, as a user's Ctrl-C would."""
 
@@ -68,14 +64,14 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_metrics(tmp_path, algo):
     assert [r["round"] for r in first.rows] == [1, 2]
     ckpt = checkpoint.load(tmp_path / "stopped")
     assert ckpt.round == 2 and ckpt.algo == algo
-    assert _metrics(ckpt.rows) == _metrics(full.rows[:2])
+    assert without_times(ckpt.rows) == without_times(full.rows[:2])
     if algo in ("fedper", "scaffold", "ditto", "fedfcd"):
         assert ckpt.client_states, "the clients' personal state is in the checkpoint"
     resumed = run_experiment(cfg, resume=ckpt)
     assert not resumed.stopped and resumed.last_round == 4
-    assert _metrics(resumed.rows) == _metrics(full.rows)
+    assert without_times(resumed.rows) == without_times(full.rows)
     on_disk = pq.read_table(tmp_path / "stopped" / "metrics.parquet").to_pylist()
-    assert _metrics(on_disk) == _metrics(full.rows)
+    assert without_times(on_disk) == without_times(full.rows)
     clients = pq.read_table(tmp_path / "stopped" / "clients.parquet").to_pylist()
     assert clients == pq.read_table(tmp_path / "full" / "clients.parquet").to_pylist()
 
@@ -99,8 +95,10 @@ def test_resume_purges_tensorboard_events_after_the_checkpoint(tmp_path):
     assert [e.step for e in acc.Scalars("accuracy/gm_gtest")] == [1, 2, 3, 4]
 
 
-def _cli(args: list[str], cwd: Path, **kw: Any) -> subprocess.Popen[str]:
-    env = {**os.environ, "RAYSIM_LOG_LEVEL": "INFO"}
+def run_cli(args: list[str], cwd: Path, **kw: Any) -> subprocess.Popen[str]:
+    """``scripts/run.py ARGS`` in a process of its own (local Ray unless ARGS name a cluster)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAYSIM_LOG_LEVEL"] = "INFO"
     return subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "run.py"), *args],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
@@ -112,6 +110,14 @@ CLI_ARGS = [
     "--participation", "0.5", "--local-epochs", "1", "--threads", "1", "--no-progress", "--seed", "3",
     "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=800",
 ]  # fmt: skip
+
+
+def wait_for_rows(metrics: Path, proc: subprocess.Popen[str], rows: int, timeout: float = 180) -> None:
+    """Until ``metrics`` (a run's metrics.parquet) has ``rows`` rows, while ``proc`` runs."""
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and pq.read_metadata(metrics).num_rows >= rows):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
 
 
 def _wait_for_checkpoint(path: Path, proc: subprocess.Popen[str], rnd: int, timeout: float = 120) -> None:
@@ -128,15 +134,15 @@ def test_killed_outright_then_resumed_from_the_cli(tmp_path):
     """SIGKILL (no clean-up at all) some time after round 3's checkpoint; ``--resume`` redoes the
     rounds after it and ends with the uninterrupted run's tables."""
     args = [*CLI_ARGS, "--executor", "serial", "--local-epochs", "5", "--rounds", "40"]
-    full = _cli([*args, "--out", str(tmp_path / "full")], tmp_path)
+    full = run_cli([*args, "--out", str(tmp_path / "full")], tmp_path)
     assert full.wait(300) == 0, full.communicate()[1][-2000:]
-    killed = _cli([*args, "--checkpoint-every", "3", "--out", str(tmp_path / "killed")], tmp_path)
+    killed = run_cli([*args, "--checkpoint-every", "3", "--out", str(tmp_path / "killed")], tmp_path)
     _wait_for_checkpoint(tmp_path / "killed" / "checkpoint.pkl", killed, 3)
     killed.kill()
     killed.communicate()
     stopped_at = checkpoint.load(tmp_path / "killed").round
     assert 3 <= stopped_at < 40
-    resumed = _cli(["--resume", str(tmp_path / "killed"), "--no-progress"], tmp_path)
+    resumed = run_cli(["--resume", str(tmp_path / "killed"), "--no-progress"], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
     assert f"resumed after round {stopped_at} of 40" in err
@@ -144,7 +150,7 @@ def test_killed_outright_then_resumed_from_the_cli(tmp_path):
     for table in ("metrics.parquet", "clients.parquet"):
         a = pq.read_table(tmp_path / "full" / table).to_pylist()
         b = pq.read_table(tmp_path / "killed" / table).to_pylist()
-        assert _metrics(a) == _metrics(b), table
+        assert without_times(a) == without_times(b), table
 
 
 @pytest.mark.ray
@@ -153,26 +159,22 @@ def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     started): the round finishes, a checkpoint is written, exit status 130, and ``--resume`` on Ray
     gives the serial run's metrics."""
     args = [*CLI_ARGS, "--workers", "2", "--local-epochs", "5", "--rounds", "60", "--checkpoint-every", "0"]
-    proc = _cli([*args, "--out", str(tmp_path / "run")], tmp_path, start_new_session=True)
-    metrics = tmp_path / "run" / "metrics.parquet"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and pq.read_metadata(metrics).num_rows >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
+    proc = run_cli([*args, "--out", str(tmp_path / "run")], tmp_path, start_new_session=True)
+    wait_for_rows(tmp_path / "run" / "metrics.parquet", proc, 2)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" in err and "Traceback" not in err
     ckpt = checkpoint.load(tmp_path / "run")
     assert 2 <= ckpt.round < 60 and json.loads(out.strip().splitlines()[-1])["stopped"]
-    resumed = _cli(["--resume", str(tmp_path / "run"), "--no-progress"], tmp_path)
+    resumed = run_cli(["--resume", str(tmp_path / "run"), "--no-progress"], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
-    serial = _cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")], tmp_path)
+    serial = run_cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")], tmp_path)
     assert serial.wait(300) == 0
     a = pq.read_table(tmp_path / "serial" / "metrics.parquet").to_pylist()
     b = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
-    assert _metrics(a) == _metrics(b)
+    assert without_times(a) == without_times(b)
 
 
 def test_resume_refuses_what_it_cannot_do(tmp_path):
@@ -186,11 +188,11 @@ def test_resume_refuses_what_it_cannot_do(tmp_path):
     (tmp_path / "nockpt" / "config.yaml").write_text((tmp_path / "done" / "config.yaml").read_text())
     cases.append((["--resume", str(tmp_path / "nockpt")], "holds no checkpoint"))
     for args, message in cases:
-        proc = _cli(args, tmp_path)
+        proc = run_cli(args, tmp_path)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and message in err, (args, err)
         assert "Traceback" not in err
-    proc = _cli(["--resume", str(tmp_path / "done"), "--rounds", "3", "--no-progress"], tmp_path)
+    proc = run_cli(["--resume", str(tmp_path / "done"), "--rounds", "3", "--no-progress"], tmp_path)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert [r["round"] for r in pq.read_table(tmp_path / "done" / "metrics.parquet").to_pylist()] == [1, 2, 3]

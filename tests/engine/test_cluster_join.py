@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import without_times
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     "--algo", "fedavg", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "8",
@@ -55,7 +57,6 @@ def test_join_a_two_node_cluster_and_match_the_serial_run(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         started = [line for line in proc.stderr.splitlines() if "started local Ray at" in line]
         assert started and cluster.address not in started[0], started
-        strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
-        assert strip(joined) == strip(serial)
+        assert without_times(joined) == without_times(serial)
     finally:
         cluster.shutdown()

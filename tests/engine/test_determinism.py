@@ -6,11 +6,7 @@ from __future__ import annotations
 import pytest
 
 from raysim.runner import run_experiment
-from tests.conftest import tiny_config
-
-
-def _metrics(result):
-    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in result.rows]
+from tests.conftest import tiny_config, without_times
 
 
 @pytest.mark.ray
@@ -25,7 +21,7 @@ def test_fedavg_serial_equals_ray_with_one_and_two_workers(tmp_path, ray_local):
             **{"data.synthetic.shape": (1, 16, 16), "ray.executor": "ray", "ray.workers": workers},
         )
         ray_run = run_experiment(ray_cfg)
-        assert _metrics(ray_run) == _metrics(serial), f"{workers} workers"
+        assert without_times(ray_run.rows) == without_times(serial.rows), f"{workers} workers"
 
 
 @pytest.mark.ray
@@ -36,15 +32,15 @@ def test_local_serial_equals_ray(tmp_path, ray_local):
     ray_run = run_experiment(
         tiny_config(tmp_path / "r", algo="local", rounds=3, **{"ray.executor": "ray", "ray.workers": 2})
     )
-    assert _metrics(ray_run) == _metrics(serial)
+    assert without_times(ray_run.rows) == without_times(serial.rows)
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     a = run_experiment(tiny_config(tmp_path / "a"))
     b = run_experiment(tiny_config(tmp_path / "b"))
     c = run_experiment(tiny_config(tmp_path / "c", seed=4))
-    assert _metrics(a) == _metrics(b)
-    assert _metrics(a) != _metrics(c)
+    assert without_times(a.rows) == without_times(b.rows)
+    assert without_times(a.rows) != without_times(c.rows)
 
 
 @pytest.mark.ray
@@ -65,7 +61,7 @@ def test_fed3p2_serial_equals_ray(tmp_path, ray_local):
         tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
     )
     assert [r["phase"] for r in serial.rows] == [1, 1, 2, 2]
-    assert _metrics(ray_run) == _metrics(serial)
+    assert without_times(ray_run.rows) == without_times(serial.rows)
 
 
 @pytest.mark.ray
@@ -81,7 +77,7 @@ def test_prototype_family_serial_equals_ray(tmp_path, ray_local, algo):
         tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
     )
     assert serial.final["lm_ptest"] is not None
-    assert _metrics(ray_run) == _metrics(serial)
+    assert without_times(ray_run.rows) == without_times(serial.rows)
 
 
 @pytest.mark.ray
@@ -96,4 +92,4 @@ def test_personalisation_baselines_serial_equal_ray(tmp_path, ray_local, algo):
         tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
     )
     assert serial.final["lm_ptest"] is not None or serial.final["gm_gtest"] is not None
-    assert _metrics(ray_run) == _metrics(serial)
+    assert without_times(ray_run.rows) == without_times(serial.rows)

@@ -5,16 +5,19 @@ a checkpoint that resumes to the same metrics."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from raysim import checkpoint
 from raysim.errors import RunAborted
 from raysim.output import BaseCallback
 from raysim.runner import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, without_times
+from tests.engine.test_checkpoint import CLI_ARGS, run_cli, wait_for_rows
 
 #: Fed3+2p: phase 1 chains clients through Type-A coordinators across both workers (a chain's
 #: segments pass weights worker to worker); phase 2 keeps each client's P-head and filter on its
@@ -32,10 +35,6 @@ SETUP: dict[str, Any] = {
     "algo.num_type_b": 3,
     "train.lr": 0.01,
 }
-
-
-def _metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in rows]
 
 
 class Kill(BaseCallback):
@@ -77,21 +76,25 @@ def test_a_dead_client_worker_is_replaced_and_the_metrics_do_not_change(
     kills.append(Kill(executors, 4, "worker", 0.0 if when == "between_rounds" else 0.3))
     result = run_experiment(cfg, kills)
     assert result.worker_restarts == 2
-    assert _metrics(result.rows) == _metrics(undisturbed.rows)
+    assert without_times(result.rows) == without_times(undisturbed.rows)
 
 
 @pytest.mark.ray
-def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(tmp_path, ray_local, executors, undisturbed):
-    cfg = tiny_config(tmp_path, **SETUP, **{"ray.executor": "ray", "ray.workers": 2, "output.checkpoint_every": 0})
+def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(
+    tmp_path, ray_local, executors, undisturbed
+):
+    cfg = tiny_config(
+        tmp_path, **SETUP, **{"ray.executor": "ray", "ray.workers": 2, "output.checkpoint_every": 0}
+    )
     with pytest.raises(RunAborted) as info:
         run_experiment(cfg, [Kill(executors, 3, "server")])
     message = str(info.value)
     # killed before round 3 was evaluated: round 2 is the last completed one
     assert "server actor died" in message and "checkpoint of round 2" in message and "--resume" in message
     ckpt = checkpoint.load(tmp_path)
-    assert ckpt.round == 2 and _metrics(ckpt.rows) == _metrics(undisturbed.rows[:2])
+    assert ckpt.round == 2 and without_times(ckpt.rows) == without_times(undisturbed.rows[:2])
     resumed = run_experiment(cfg, resume=ckpt)
-    assert _metrics(resumed.rows) == _metrics(undisturbed.rows)
+    assert without_times(resumed.rows) == without_times(undisturbed.rows)
 
 
 @pytest.mark.ray
@@ -99,44 +102,19 @@ def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(t
     """A two-node cluster loses the node of one client worker: no replacement finds a place, the
     run ends (exit 1) saying so, with a checkpoint of the last completed round, and the run resumes
     on local Ray to the undisturbed metrics."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    import pyarrow.parquet as pq
     from ray.cluster_utils import Cluster
 
-    root = Path(__file__).resolve().parents[2]
-    args = [
-        "--algo", "fedper", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "8",
-        "--participation", "0.5", "--local-epochs", "5", "--threads", "1", "--no-progress", "--seed", "3",
-        "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=800",
-        "--rounds", "60", "--checkpoint-every", "0",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-
-    def cli(extra: list[str], **kw: Any) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, str(root / "scripts" / "run.py"), *extra],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
-        )  # fmt: skip
-
+    args = [*CLI_ARGS, "--local-epochs", "5", "--rounds", "60", "--checkpoint-every", "0"]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         node = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        run = cli(
+        run = run_cli(
             [*args, "--address", cluster.address, "--workers", "2", "--out", str(tmp_path / "run"),
-             "--set", "ray.replace_timeout_s=5"]
+             "--set", "ray.replace_timeout_s=5"],
+            tmp_path,
         )  # fmt: skip
-        metrics = tmp_path / "run" / "metrics.parquet"
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and pq.read_metadata(metrics).num_rows >= 2):
-            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-2000:]
-            time.sleep(0.05)
+        wait_for_rows(tmp_path / "run" / "metrics.parquet", run, 2)
         cluster.remove_node(node)
         _, err = run.communicate(timeout=180)
     finally:
@@ -146,13 +124,14 @@ def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(t
     assert "Traceback" not in err
     stopped_at = checkpoint.load(tmp_path / "run").round
     assert 2 <= stopped_at < 60
-    resumed = cli(["--resume", str(tmp_path / "run"), "--address", "local", "--workers", "2", "--no-progress"])
+    resumed = run_cli(
+        ["--resume", str(tmp_path / "run"), "--address", "local", "--workers", "2", "--no-progress"], tmp_path
+    )
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1])["rounds"] == 60
-    serial = cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")])
+    serial = run_cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")], tmp_path)
     assert serial.wait(300) == 0
     a = pq.read_table(tmp_path / "serial" / "metrics.parquet").to_pylist()
-    b = pq.read_table(metrics).to_pylist()
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
-    assert strip(a) == strip(b)
+    b = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
+    assert without_times(a) == without_times(b)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from raysim.runner import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, without_times
 
 torch = pytest.importorskip("torch")
 
@@ -29,10 +29,6 @@ SETUP = {
 }
 
 
-def _metrics(result):
-    return [{k: v for k, v in row.items() if not k.endswith("_time_s")} for row in result.rows]
-
-
 def test_workers_sharing_one_gpu_train_on_cuda_and_match_serial(tmp_path, ray_local):
     import ray
 
@@ -48,7 +44,7 @@ def test_workers_sharing_one_gpu_train_on_cuda_and_match_serial(tmp_path, ray_lo
             **{"ray.executor": "ray", "ray.workers": 2, "ray.gpus_per_worker": 0.5},
         )
     )
-    assert _metrics(shared) == _metrics(serial)
+    assert without_times(shared.rows) == without_times(serial.rows)
     assert serial.final["lm_ptest"] is not None
 
     # four workers, a quarter of the one GPU each, all placed at once and all on CUDA
@@ -81,9 +77,9 @@ def test_dead_gpu_workers_are_replaced_and_a_stopped_run_resumes_on_cuda(tmp_pat
         [Kill(executors, 1, "worker"), Kill(executors, 3, "worker")],
     )
     assert killed.worker_restarts == 2
-    assert _metrics(killed) == _metrics(serial)
+    assert without_times(killed.rows) == without_times(serial.rows)
     cfg = tiny_config(tmp_path / "c", **SETUP, **on_gpu)
     stopped = run_experiment(cfg, [CtrlCAfter(2)])
     assert stopped.stopped and stopped.last_round == 2
     resumed = run_experiment(cfg, resume=checkpoint.load(tmp_path / "c"))
-    assert _metrics(resumed) == _metrics(serial)
+    assert without_times(resumed.rows) == without_times(serial.rows)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import without_times
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     "--algo", "fed3p2", "--dataset", "synthetic", "--model", "cnn3p2_fmnist", "--clients", "12",
@@ -31,7 +33,7 @@ def _run(args: list[str], out: Path, env: dict[str, str]) -> tuple[list[dict], s
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["rounds"] == 4
     rows = pq.read_table(out / "metrics.parquet").to_pylist()
-    return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows], proc.stderr
+    return without_times(rows), proc.stderr
 
 
 @pytest.mark.ray
@@ -47,7 +49,9 @@ def test_fed3p2_on_three_nodes_equals_one_node(tmp_path):
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         three_nodes, log = _run(
-            ["--address", cluster.address, "--workers", "3", "--cpus-per-worker", "1"], tmp_path / "three", env
+            ["--address", cluster.address, "--workers", "3", "--cpus-per-worker", "1"],
+            tmp_path / "three",
+            env,
         )
     finally:
         cluster.shutdown()
