@@ -1,7 +1,7 @@
 """Checkpoints: everything a run needs to go on from a round boundary as if it had never stopped.
 
 A checkpoint is one file, ``RUN_DIR/checkpoint.pkl``, replaced atomically (written beside it, then
-renamed) so that a run killed while writing one still has the previous one. It holds
+renamed: :func:`raysim.output.replaced_atomically`, as the run's tables are) so that a run killed while writing one still has the previous one. It holds
 
 - the round it was taken after (0: after the prologue of an algorithm that has one),
 - the server state (``Algorithm.init``/``aggregate``'s state: global weights, heads, groupings,
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
+from raysim.output import replaced_atomically
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,10 @@ def save(run_dir: str | os.PathLike[str], ckpt: Checkpoint) -> int:
     """Write ``ckpt`` atomically into ``run_dir``; returns its size in bytes."""
     path = checkpoint_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with replaced_atomically(path) as tmp, open(tmp, "wb") as f:
         pickle.dump(ckpt, f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
     size = path.stat().st_size
     log.info("checkpoint of round %d written (%.2f MB)", ckpt.round, size / 1e6)
     return size

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +23,19 @@ from raysim.config import ExperimentConfig, dump_yaml
 from raysim.records import RoundStats
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; on success it replaces ``path`` in one rename,
+    so a reader (a report, a resumed run, a test polling the tables) never sees a half-written file
+    and a run killed while writing leaves the previous version."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class Callback(Protocol):
@@ -81,11 +97,13 @@ class TableWriter(BaseCallback):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(self.rows), self.run_dir / "metrics.parquet")
-        pq.write_table(pa.Table.from_pylist(self.client_rows), self.run_dir / "clients.parquet")
+        for name, rows in (("metrics.parquet", self.rows), ("clients.parquet", self.client_rows)):
+            with replaced_atomically(self.run_dir / name) as tmp:
+                pq.write_table(pa.Table.from_pylist(rows), tmp)
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with replaced_atomically(self.run_dir / "summary.json") as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 class TensorBoardWriter(BaseCallback):
