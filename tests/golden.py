@@ -76,6 +76,8 @@ CASES: dict[str, dict[str, Any]] = {
     "pacfl-principal": {"algo": "pacfl", "algo.proximity": "principal", "algo.num_clusters": 3},
     "fedclust": {"algo": "fedclust", "algo.num_clusters": 2},
     "gpfl": {"algo": "gpfl"},
+    "fedntd": {"algo": "fedntd"},
+    "fedexp": {"algo": "fedexp"},
 }
 
 
