@@ -30,11 +30,13 @@ import numpy as np
 
 from raysim.config import ExperimentConfig
 from raysim.registry import ALGORITHMS, DatasetInfo
+from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.train import LossFn
 
 StateT = TypeVar("StateT")
 
@@ -52,6 +54,16 @@ class Algorithm(Generic[StateT]):
     prologue: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
+    #: "-FT" personalisation (FedBABU's and FedDr+'s, and the "-FT" rows of FedDr+'s Table 3 for any
+    #: method with a global model): with ``algo.ft_epochs`` > 0, after the last round each client
+    #: fine-tunes the final global model (:meth:`ft_weights`) on its own training data, its
+    #: ``ft_parts`` with :meth:`ft_loss`, for ``ft_epochs`` at ``algo.ft_lr`` (default the initial
+    #: rate), on its own random stream; ``lm_ptest`` at the last round reports these models. Nothing
+    #: the client or the server keeps changes: the global model is untouched.
+    fine_tunes: ClassVar[bool] = False
+    #: ``ft_epochs`` when not given (None: the local epochs E; 0: no fine-tuning)
+    ft_default_epochs: ClassVar[int | None] = 0
+    ft_parts: ClassVar[tuple[str, ...]] = GLOBAL_PARTS
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -101,6 +113,23 @@ class Algorithm(Generic[StateT]):
         return {}
 
     @classmethod
+    def ft_setting(cls, cfg: ExperimentConfig) -> tuple[int, float]:
+        """(epochs, rate) of "-FT" fine-tuning: ``algo.ft_epochs`` (default ``ft_default_epochs``)
+        and ``algo.ft_lr`` (default the initial learning rate)."""
+        epochs = cfg.algo_params.get("ft_epochs", cls.ft_default_epochs)
+        lr = cfg.algo_params.get("ft_lr")
+        return (
+            cfg.train.local_epochs if epochs is None else int(epochs),
+            cfg.train.lr if lr is None else float(lr),
+        )
+
+    @classmethod
+    def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
+        """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
+        own, or its fine-tuned global model."""
+        return cls.has_personal_model or (cls.fine_tunes and cls.ft_setting(cfg)[0] > 0)
+
+    @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
         """Raise ConfigError for settings this algorithm cannot run with (e.g. more coordinators
         than clients). Called in the driver before any work."""
@@ -142,8 +171,30 @@ class Algorithm(Generic[StateT]):
         return model
 
     def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
-        """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None."""
-        return None
+        """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
+        By default: "-FT", the final global model fine-tuned (see ``fine_tunes``)."""
+        if not self.fine_tunes:
+            return None
+        epochs, lr = self.ft_setting(self.cfg)
+        if epochs == 0 or ctx.rnd < self.cfg.rounds:
+            return None
+        weights = self.ft_weights(eval_payload)
+        loss_fn = self.ft_loss(ctx, weights)
+        ctx.load(weights)
+        ctx.train(self.ft_parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
+        return ctx.model
+
+    def ft_weights(self, eval_payload: Any) -> ModelWeights:
+        """The global model that "-FT" fine-tunes (by default the evaluation payload itself)."""
+        weights: ModelWeights = eval_payload
+        return weights
+
+    def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
+        """The loss of "-FT" fine-tuning (cross-entropy on the global path by default); made
+        before ``weights`` are loaded into ``ctx.model``."""
+        from raysim.train import cross_entropy
+
+        return cross_entropy
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The forward function (inputs to class scores) a personal model predicts with (default:

@@ -63,6 +63,8 @@ class AveragedWeights(Algorithm[GlobalState]):
 
 @register("fedavg")
 class FedAvg(AveragedWeights):
+    fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
+
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx
         adds its proximal term to them here)."""

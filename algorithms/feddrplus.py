@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -45,15 +45,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FedDrPlusConfig:
     beta: float = 0.9
-    ft_loss: str = "dr"  # dr | drplus
-    ft_epochs: int | None = None  # None: the local epochs E
-    ft_lr: float | None = None  # None: the initial learning rate
+    ft_loss: str = "dr"  # dr | drplus (FedDr+ FT's loss; its epochs and rate: algo.ft_epochs, algo.ft_lr)
 
 
 @dataclass(frozen=True)
 class GlobalEval:
     weights: ModelWeights  # body and head
-    final: bool  # the last round: personalised models are fine-tuned and reported
 
 
 def check_etf_fits(d: int, num_classes: int) -> None:
@@ -73,21 +70,6 @@ def etf_classifier(d: int, num_classes: int, seed: int) -> np.ndarray:
     v = math.sqrt(c / (c - 1)) * u @ (np.eye(c) - np.ones((c, c)) / c)
     out: np.ndarray = v.T.astype(np.float32)
     return out
-
-
-def fine_tune(
-    ctx: ClientContext,
-    weights: ModelWeights,
-    parts: Sequence[str],
-    epochs: int,
-    lr: float,
-    loss_fn: LossFn,
-) -> SplitModel:
-    """Load ``weights`` and train ``parts`` on the client's own training data (personalisation
-    after the federated rounds, on its own random stream); what the client keeps is not touched."""
-    ctx.load(weights)
-    ctx.train(parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
-    return ctx.model
 
 
 def dr_loss(beta: float, teacher: SplitModel | None) -> LossFn:
@@ -112,10 +94,14 @@ def dr_loss(beta: float, teacher: SplitModel | None) -> LossFn:
 
 class FrozenHead(Algorithm[GlobalEval]):
     """A head fixed for the whole federated training and a body averaged by training-set size
-    (FedDr+, dotreg, FedBABU); personalised models are fine-tuned after the last round."""
+    (FedDr+, dotreg, FedBABU); personalised models are the global model fine-tuned after the last
+    round ("-FT", the engine's, on by default: ``algo.ft_epochs`` defaults to E)."""
 
     has_global_model = True
     has_personal_model = True
+    fine_tunes = True
+    ft_default_epochs = None  # the local epochs E
+    ft_parts: ClassVar[tuple[str, ...]] = BODY
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
         payload = WeightsPayload(state.weights, self.lr(rnd))
@@ -123,7 +109,7 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     def aggregate(self, state: GlobalEval, rnd: int, results: Sequence[JobResult]) -> GlobalEval:
         body = average_uploads(results)  # the uploads carry the body only
-        return GlobalEval(body.merged(state.weights.select(("head",))), rnd >= self.cfg.rounds)
+        return GlobalEval(body.merged(state.weights.select(("head",))))
 
     def eval_payload(self, state: GlobalEval) -> GlobalEval:
         return state
@@ -131,11 +117,8 @@ class FrozenHead(Algorithm[GlobalEval]):
     def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel | None:
         return super().global_model(model, eval_payload.weights)
 
-    def ft_setting(self) -> tuple[int, float]:
-        """(epochs, rate) of fine-tuning: ``ft_epochs`` or E, ``ft_lr`` or the initial rate."""
-        p = self.params
-        epochs = self.cfg.train.local_epochs if p.ft_epochs is None else p.ft_epochs
-        return epochs, self.cfg.train.lr if p.ft_lr is None else p.ft_lr
+    def ft_weights(self, eval_payload: GlobalEval) -> ModelWeights:
+        return eval_payload.weights
 
 
 @register("feddrplus")
@@ -176,8 +159,6 @@ class FedDrPlus(FrozenHead):
             raise ConfigError(f"FedDr+'s beta must be in [0, 1], not {params.beta}.")
         if params.ft_loss not in ("dr", "drplus"):
             raise ConfigError(f"FedDr+'s ft_loss is 'dr' or 'drplus', not {params.ft_loss!r}.")
-        if params.ft_epochs is not None and params.ft_epochs < 0:
-            raise ConfigError(f"FedDr+'s ft_epochs must be >= 0, not {params.ft_epochs}.")
         check_etf_fits(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)
 
     # ---------------------------------------------------------------------------------------- server
@@ -192,7 +173,7 @@ class FedDrPlus(FrozenHead):
             model.head.weight.copy_(torch.from_numpy(etf))
             model.head.bias.zero_()
         head = get_weights(model, ("head",))
-        return GlobalEval(ctx.init_weights.select(BODY).merged(head), self.cfg.rounds == 0)
+        return GlobalEval(ctx.init_weights.select(BODY).merged(head))
 
     # ---------------------------------------------------------------------------------------- client
     def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
@@ -211,15 +192,11 @@ class FedDrPlus(FrozenHead):
         stats = ctx.train(BODY, payload.lr, loss_fn=dr_loss(beta, teacher))  # the ETF head stays frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: GlobalEval) -> SplitModel | None:
-        """FedDr+ FT: the global model fine-tuned on this client's data, at the last round only."""
-        if not eval_payload.final:
-            return None
+    def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
+        """FedDr+ FT's loss: L_DR (``ft_loss="dr"``) or L_Dr+ with the global model as teacher."""
         p = self.params
         beta = 1.0 if p.ft_loss == "dr" else p.beta
-        teacher = self.teacher(ctx, eval_payload.weights) if beta < 1.0 else None
-        epochs, lr = self.ft_setting()
-        return fine_tune(ctx, eval_payload.weights, BODY, epochs, lr, dr_loss(beta, teacher))
+        return dr_loss(beta, self.teacher(ctx, weights) if beta < 1.0 else None)
 
 
 @dataclass(frozen=True)
@@ -248,5 +225,4 @@ __all__ = [
     "check_etf_fits",
     "dr_loss",
     "etf_classifier",
-    "fine_tune",
 ]

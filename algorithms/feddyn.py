@@ -51,6 +51,7 @@ class DynState:
 @register("feddyn")
 class FedDyn(Algorithm[DynState]):
     Config = FedDynConfig
+    fine_tunes = True  # "-FT" with algo.ft_epochs
 
     def init(self, ctx: ServerContext) -> DynState:
         theta = ctx.init_weights.select(GLOBAL_PARTS)

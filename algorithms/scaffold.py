@@ -55,6 +55,7 @@ def zeros_like(w: ModelWeights) -> ModelWeights:
 @register("scaffold")
 class Scaffold(Algorithm[ScaffoldState]):
     Config = ScaffoldConfig
+    fine_tunes = True  # "-FT" with algo.ft_epochs
 
     @classmethod
     def check(cls, cfg: Any, params: ScaffoldConfig) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.errors import ConfigError
-from raysim.hooks import AlgorithmHooks
+from raysim.hooks import FT_PARAMS, AlgorithmHooks
 from raysim.registry import (
     ALGORITHMS,
     DATASETS,
@@ -59,9 +59,19 @@ def algorithm_params(cfg: ExperimentConfig) -> Any:
     cls = algorithm_class(cfg.algo)
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
+    if getattr(cls, "fine_tunes", False):  # "-FT": taken by the engine's fine-tuning, not the Config
+        _check_fine_tuning({k: raw.pop(k) for k in FT_PARAMS if k in raw})
     params = from_dict(cls.Config, raw, where="algo")
     cls.check(cfg, params)
     return params
+
+
+def _check_fine_tuning(ft: Mapping[str, Any]) -> None:
+    epochs, lr = ft.get("ft_epochs"), ft.get("ft_lr")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
+        raise ConfigError(f"algo.ft_epochs is a whole number of epochs, at least 0, not {epochs!r}.")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
+        raise ConfigError(f"algo.ft_lr must be a positive number, not {lr!r}.")
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:

@@ -31,15 +31,24 @@ if TYPE_CHECKING:
     from raysim.models import SplitModel
 
 
+#: the settings of "-FT" fine-tuning (``algo.ft_epochs``, ``algo.ft_lr``), which every algorithm
+#: whose class ``fine_tunes`` takes besides its own Config
+FT_PARAMS = ("ft_epochs", "ft_lr")
+
+
 class AlgorithmHooks(Protocol):
     name: ClassVar[str]
     Config: ClassVar[type]
     has_global_model: ClassVar[bool]
     has_personal_model: ClassVar[bool]
+    fine_tunes: ClassVar[bool]
     prologue: ClassVar[bool]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @classmethod
+    def evaluates_personal(cls, cfg: ExperimentConfig) -> bool: ...
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]: ...

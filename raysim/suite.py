@@ -175,9 +175,12 @@ def expand_grid(
 
 def _algorithm_has(algo: str, param: str) -> bool:
     from raysim.experiment import KEYWORD_PARAMS, algorithm_class
+    from raysim.hooks import FT_PARAMS
 
     cls = algorithm_class(algo)
     names = {f.name for f in dataclasses.fields(cls.Config)}
+    if getattr(cls, "fine_tunes", False) and param in FT_PARAMS:
+        return True
     return param in names or KEYWORD_PARAMS.get(param) in names or param in cls.aliases
 
 

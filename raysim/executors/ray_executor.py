@@ -51,7 +51,7 @@ class RayExecutor:
         self.owns_ray = owns_ray
         algo_cls = algorithm_class(cfg.algo)
         self.has_global = algo_cls.has_global_model
-        self.has_personal = algo_cls.has_personal_model
+        self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
         # the driver keeps the object-store copy too, not a private one of its own

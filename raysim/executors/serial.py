@@ -45,7 +45,7 @@ class SerialExecutor:
     def evaluate(self, rnd: int) -> EvalReport:
         algo = self.runtime.algo
         targets = eval_targets(self.data) if algo.has_global_model else []
-        clients = list(range(self.data.num_clients)) if algo.has_personal_model else []
+        clients = list(range(self.data.num_clients)) if algo.evaluates_personal(self.cfg) else []
         part = self.runtime.evaluate(rnd, self.server.eval_payload(), targets, clients)
         return assemble_report(self.data, targets, [part], algo.has_global_model)
 

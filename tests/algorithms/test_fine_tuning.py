@@ -1,0 +1,97 @@
+""" "-FT" (issue 15): every method with a global model fine-tunes it on each client's data after the last
+round, through one mechanism (``Algorithm.fine_tunes``, ``algo.ft_epochs``, ``algo.ft_lr``)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from raysim.errors import ConfigError
+from raysim.executors.serial import SerialExecutor
+from raysim.experiment import validate
+from raysim.runner import prepare, run_experiment
+from tests.conftest import tiny_config, without_times
+
+FINE_TUNED = ["fedavg", "fedprox", "fedntd", "fedexp", "scaffold", "feddyn", "fedbabu", "feddrplus", "dotreg"]
+#: FedDr+'s ETF head needs a feature size of at least the class count, and FedDr+ a larger rate
+SETTINGS = {"feddrplus": {"train.lr": 0.3}, "dotreg": {"train.lr": 0.3}}
+
+
+def _config(tmp_path, algo, **changes):
+    return tiny_config(
+        tmp_path,
+        algo=algo,
+        rounds=2,
+        participation=0.5,
+        **{"eval.every": 1, **SETTINGS.get(algo, {}), **changes},
+    )
+
+
+@pytest.mark.parametrize("algo", FINE_TUNED)
+def test_ft_reports_the_fine_tuned_models_at_the_last_round_and_leaves_the_global_model(tmp_path, algo):
+    ft = run_experiment(_config(tmp_path / "ft", algo, **{"algo.ft_epochs": 1}))
+    plain = run_experiment(_config(tmp_path / "plain", algo, **{"algo.ft_epochs": 0}))
+    assert [r["lm_ptest"] is None for r in ft.rows] == [True, False]
+    assert all(r["lm_ptest"] is None for r in plain.rows)
+    # the global model and its training are the same with and without FT, to the bit
+    for a, b in zip(without_times(ft.rows), without_times(plain.rows), strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith("lm_")} == {
+            k: v for k, v in b.items() if not k.startswith("lm_")
+        }
+    assert ft.rows[-1]["lm_ptest"] > 0.3
+
+
+@pytest.mark.parametrize(
+    ("algo", "head_moves"), [("fedavg", True), ("scaffold", True), ("fedbabu", True), ("feddrplus", False)]
+)
+def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, head_moves):
+    """FedAvg-FT, SCAFFOLD-FT and FedBABU-FT fine-tune the whole model; FedDr+ FT the body under its
+    frozen ETF. The server's state and what the client keeps are as they were."""
+    from raysim.context import ClientContext
+    from raysim.models import get_weights
+
+    cfg = _config(tmp_path, algo, **{"algo.ft_epochs": 2})
+    ex = SerialExecutor(cfg, prepare(cfg))
+    ex.train_round(1, [0, 1, 2, 3])
+    ex.train_round(2, [1, 2, 3, 4])
+    state = copy.deepcopy(ex.server.state)
+    memory = copy.deepcopy(ex.runtime.memory)
+    payload = ex.server.eval_payload()
+    algo_obj = ex.runtime.algo
+    assert algo_obj.personal_model(ClientContext(ex.runtime, 3, 1), payload) is None  # not the last round
+    model = algo_obj.personal_model(ClientContext(ex.runtime, 3, 2), payload)
+    gm = algo_obj.ft_weights(payload)
+    tuned = get_weights(model, ("extractor", "head"))
+    assert not np.array_equal(tuned.extractor, gm.extractor)
+    assert np.array_equal(tuned.head, gm.head) != head_moves
+    assert algo_obj.ft_weights(ex.server.eval_payload()).equals(gm)  # the global model is untouched
+    for name, value in vars(ex.server.state).items():
+        before = vars(state)[name]
+        if hasattr(value, "equals"):
+            assert value.equals(before), name
+    assert ex.runtime.memory.keys() == memory.keys()
+    for c, mem in memory.items():
+        assert ex.runtime.memory[c].weights.equals(mem.weights), c
+
+
+def test_ft_settings_are_checked(tmp_path):
+    validate(tiny_config(tmp_path, algo="fedavg", **{"algo.ft_epochs": 3, "algo.ft_lr": 0.01}))
+    with pytest.raises(ConfigError, match="ft_epochs"):
+        validate(tiny_config(tmp_path, algo="fedavg", **{"algo.ft_epochs": -1}))
+    with pytest.raises(ConfigError, match="ft_lr"):
+        validate(tiny_config(tmp_path, algo="fedbabu", **{"algo.ft_lr": 0}))
+    with pytest.raises(ConfigError, match="ft_epochs"):  # FedPer has personal models of its own
+        validate(tiny_config(tmp_path, algo="fedper", **{"algo.ft_epochs": 1}))
+
+
+@pytest.mark.ray
+def test_ft_is_the_same_on_serial_and_ray(tmp_path, ray_local):
+    changes = {"algo.ft_epochs": 1}
+    serial = run_experiment(_config(tmp_path / "s", "fedavg", **changes))
+    ray_run = run_experiment(
+        _config(tmp_path / "r", "fedavg", **changes, **{"ray.executor": "ray", "ray.workers": 2})
+    )
+    assert without_times(ray_run.rows) == without_times(serial.rows)
+    assert serial.rows[-1]["lm_ptest"] is not None
