@@ -31,14 +31,18 @@ class SharedAndPersonal(AveragedWeights):
         """The local update's training of the loaded model."""
         raise NotImplementedError
 
+    def own_parts(self, ctx: ClientContext) -> ModelWeights:
+        """The client's personal parts as it kept them (the initial model's before it first trains)."""
+        return ctx.kept(self.personal_parts)
+
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
-        ctx.load(payload.weights.merged(ctx.kept(self.personal_parts)))
+        ctx.load(payload.weights.merged(self.own_parts(ctx)))
         stats = self.train(ctx, payload.lr)
         ctx.keep(ctx.weights(self.personal_parts))
         return ctx.result(stats, weights=ctx.weights(self.shared_parts) if self.shared_parts else None)
 
     def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
-        ctx.load(eval_payload.merged(ctx.kept(self.personal_parts)))
+        ctx.load(eval_payload.merged(self.own_parts(ctx)))
         return ctx.model
 
 

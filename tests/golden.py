@@ -33,6 +33,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg": {"algo": "fedavg"},
     "fedprox": {"algo": "fedprox", "algo.mu": 0.1},
     "local": {"algo": "local"},
+    "local-ce-etf": {"algo": "local", "algo.loss": "ce_etf"},
+    "local-dr": {"algo": "local", "algo.loss": "dr", "train.lr": 0.3},
     "fedper": {"algo": "fedper"},
     "fedrep": {"algo": "fedrep", "algo.head_epochs": 2, "algo.body_epochs": 1},
     "fedrod": {"algo": "fedrod"},

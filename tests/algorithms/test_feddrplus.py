@@ -155,3 +155,46 @@ def test_feddrplus_reports_ft_accuracy_at_the_last_round_only(tmp_path):
     assert [r["lm_ptest"] is None for r in result.rows] == [True, True, False]
     assert result.rows[-1]["lm_ptest_std"] is not None
     assert result.final["gm_gtest"] > 0.5
+
+
+# ------------------------------------------------------------------ Table 3's local-only variants
+
+
+@pytest.mark.parametrize("loss", ["ce_etf", "dr"])
+def test_local_variants_train_the_body_under_the_frozen_etf(tmp_path, loss):
+    """``local`` with ``algo.loss=ce_etf|dr``: FedDr+'s seeded ETF head on every client, bit for bit,
+    before and after training; only the body trains, with cross-entropy or dot-regression."""
+    from raysim.context import ClientContext
+
+    fedavg_like = _executor(tmp_path / "drplus")  # FedDr+'s server builds the same ETF head
+    etf = fedavg_like.server.state.weights.select(("head",))
+    cfg = tiny_config(
+        tmp_path / loss, algo="local", participation=0.5, **{"algo.loss": loss, "train.lr": 0.5}
+    )
+    ex = SerialExecutor(cfg, prepare(cfg))
+    ex.train_round(1, [1, 2])
+    initial = ex.runtime.initial_weights
+    for c in (1, 2):
+        kept = ex.runtime.kept(c)
+        assert kept.select(("head",)).equals(etf)
+        assert not np.array_equal(kept.extractor, initial.extractor)
+    model = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 5, 1), ex.server.eval_payload())
+    from raysim.models import get_weights
+
+    assert get_weights(model, ("head",)).equals(etf)  # an untrained client: the ETF head too
+    assert get_weights(model, ("extractor",)).equals(initial.select(("extractor",)))
+
+
+def test_local_variants_differ_by_their_loss_and_ce_is_the_plain_one(tmp_path):
+    runs = {
+        loss: run_experiment(
+            tiny_config(tmp_path / loss, algo="local", rounds=2, **{"algo.loss": loss, "train.lr": 0.5})
+        )
+        for loss in ("ce", "ce_etf", "dr")
+    }
+    finals = {loss: r.final["lm_ptest"] for loss, r in runs.items()}
+    assert len({round(v, 6) for v in finals.values()}) == 3 and min(finals.values()) > 0.3
+    plain = run_experiment(tiny_config(tmp_path / "plain", algo="local", rounds=2, **{"train.lr": 0.5}))
+    assert plain.final == runs["ce"].final
+    with pytest.raises(ConfigError, match="loss"):
+        check_config(tiny_config(tmp_path, algo="local", **{"algo.loss": "mse"}))
