@@ -64,6 +64,11 @@ class Algorithm(Generic[StateT]):
     #: ``ft_epochs`` when not given (None: the local epochs E; 0: no fine-tuning)
     ft_default_epochs: ClassVar[int | None] = 0
     ft_parts: ClassVar[tuple[str, ...]] = GLOBAL_PARTS
+    #: added regularisers (FedDr+'s Table 1: ``algo.regularizers=[prox|kd|ntd|ld|fd]``,
+    #: :mod:`raysim.distill`): the local loss becomes reg_beta * its own + (1 - reg_beta) * the
+    #: terms against the received global model (``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4,
+    #: ``algo.reg_tau`` 3 for kd and ntd); the algorithm wraps its loss with :meth:`regularized`
+    regularizable: ClassVar[bool] = False
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -121,6 +126,16 @@ class Algorithm(Generic[StateT]):
         return (
             cfg.train.local_epochs if epochs is None else int(epochs),
             cfg.train.lr if lr is None else float(lr),
+        )
+
+    @classmethod
+    def reg_setting(cls, cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
+        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
+        names = cfg.algo_params.get("regularizers") or ()
+        return (
+            (names,) if isinstance(names, str) else tuple(names),
+            float(cfg.algo_params.get("reg_beta", 0.9)),
+            float(cfg.algo_params.get("reg_tau", 3.0)),
         )
 
     @classmethod
@@ -183,6 +198,24 @@ class Algorithm(Generic[StateT]):
         ctx.load(weights)
         ctx.train(self.ft_parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
         return ctx.model
+
+    def regularized(
+        self, ctx: ClientContext, received: ModelWeights, parts: tuple[str, ...], loss_fn: LossFn
+    ) -> LossFn:
+        """``loss_fn`` with the run's added regularisers against ``received`` (the global model the
+        client started from, already loaded in ``ctx.model``), ``parts`` being what trains; the
+        loss itself when there are none."""
+        names, beta, tau = self.reg_setting(self.cfg)
+        if not names:
+            return loss_fn
+        from raysim.distill import RegContext, regularized
+        from raysim.models import set_weights
+        from raysim.train import proximal_anchor
+
+        teacher = ctx.scratch_model("teacher")
+        set_weights(teacher, received)
+        teacher.eval()
+        return regularized(loss_fn, names, beta, RegContext(teacher, proximal_anchor(ctx.model, parts), parts, tau))
 
     def ft_weights(self, eval_payload: Any) -> ModelWeights:
         """The global model that "-FT" fine-tunes (by default the evaluation payload itself)."""

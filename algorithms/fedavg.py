@@ -64,6 +64,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 @register("fedavg")
 class FedAvg(AveragedWeights):
     fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
+    regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx
@@ -73,7 +74,9 @@ class FedAvg(AveragedWeights):
         return cross_entropy
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
-        return train_global_parts(ctx, payload, lambda: self.loss_fn(ctx, payload))
+        return train_global_parts(
+            ctx, payload, lambda: self.regularized(ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
+        )
 
 
 __all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]

@@ -29,8 +29,11 @@ class FedBABU(FrozenHead):
         return GlobalEval(ctx.init_weights.select((*BODY, "head")))
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        from raysim.train import cross_entropy
+
         ctx.load(payload.weights)
-        stats = ctx.train(BODY, payload.lr)  # cross-entropy, the head frozen
+        loss = self.regularized(ctx, payload.weights, BODY, cross_entropy)
+        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # cross-entropy, the head frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
 

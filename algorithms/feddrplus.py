@@ -101,6 +101,7 @@ class FrozenHead(Algorithm[GlobalEval]):
     has_personal_model = True
     fine_tunes = True
     ft_default_epochs = None  # the local epochs E
+    regularizable = True  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
     ft_parts: ClassVar[tuple[str, ...]] = BODY
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
@@ -189,7 +190,8 @@ class FedDrPlus(FrozenHead):
         beta = self.params.beta
         teacher = self.teacher(ctx, payload.weights) if beta < 1.0 else None
         ctx.load(payload.weights)
-        stats = ctx.train(BODY, payload.lr, loss_fn=dr_loss(beta, teacher))  # the ETF head stays frozen
+        loss = self.regularized(ctx, payload.weights, BODY, dr_loss(beta, teacher))
+        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # the ETF head stays frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
     def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:

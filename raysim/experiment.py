@@ -16,7 +16,7 @@ from typing import Any
 
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.errors import ConfigError
-from raysim.hooks import FT_PARAMS, AlgorithmHooks
+from raysim.hooks import REG_NAMES, AlgorithmHooks, engine_params
 from raysim.registry import (
     ALGORITHMS,
     DATASETS,
@@ -59,19 +59,34 @@ def algorithm_params(cfg: ExperimentConfig) -> Any:
     cls = algorithm_class(cfg.algo)
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
-    if getattr(cls, "fine_tunes", False):  # "-FT": taken by the engine's fine-tuning, not the Config
-        _check_fine_tuning({k: raw.pop(k) for k in FT_PARAMS if k in raw})
+    # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
+    _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw})
     params = from_dict(cls.Config, raw, where="algo")
     cls.check(cfg, params)
     return params
 
 
-def _check_fine_tuning(ft: Mapping[str, Any]) -> None:
-    epochs, lr = ft.get("ft_epochs"), ft.get("ft_lr")
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_engine_params(p: Mapping[str, Any]) -> None:
+    epochs, lr = p.get("ft_epochs"), p.get("ft_lr")
+    if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0):
         raise ConfigError(f"algo.ft_epochs is a whole number of epochs, at least 0, not {epochs!r}.")
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
+    if lr is not None and (not _number(lr) or lr <= 0):
         raise ConfigError(f"algo.ft_lr must be a positive number, not {lr!r}.")
+    names = p.get("regularizers")
+    names = [names] if isinstance(names, str) else names
+    if names is not None and (
+        not isinstance(names, (list, tuple)) or any(n not in REG_NAMES for n in names) or len(set(names)) < len(names)
+    ):
+        raise ConfigError(f"algo.regularizers is a list of distinct names from {', '.join(REG_NAMES)}, not {names!r}.")
+    beta, tau = p.get("reg_beta"), p.get("reg_tau")
+    if beta is not None and (not _number(beta) or not 0.0 <= beta < 1.0):
+        raise ConfigError(f"algo.reg_beta (the algorithm's own loss's weight) must be in [0, 1), not {beta!r}.")
+    if tau is not None and (not _number(tau) or tau <= 0):
+        raise ConfigError(f"algo.reg_tau must be a positive temperature, not {tau!r}.")
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:

@@ -34,6 +34,19 @@ if TYPE_CHECKING:
 #: the settings of "-FT" fine-tuning (``algo.ft_epochs``, ``algo.ft_lr``), which every algorithm
 #: whose class ``fine_tunes`` takes besides its own Config
 FT_PARAMS = ("ft_epochs", "ft_lr")
+#: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
+#: and the distillation temperature ``reg_tau``), which every algorithm whose class is
+#: ``regularizable`` takes besides its own Config; and the regularisers' names
+#: (:data:`raysim.distill.REGULARIZERS`)
+REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
+REG_NAMES = ("prox", "kd", "ntd", "ld", "fd")
+
+
+def engine_params(cls: type) -> tuple[str, ...]:
+    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
+    return (FT_PARAMS if getattr(cls, "fine_tunes", False) else ()) + (
+        REG_PARAMS if getattr(cls, "regularizable", False) else ()
+    )
 
 
 class AlgorithmHooks(Protocol):
@@ -42,6 +55,7 @@ class AlgorithmHooks(Protocol):
     has_global_model: ClassVar[bool]
     has_personal_model: ClassVar[bool]
     fine_tunes: ClassVar[bool]
+    regularizable: ClassVar[bool]
     prologue: ClassVar[bool]
     aliases: ClassVar[dict[str, str]]
 

@@ -166,8 +166,9 @@ def expand_grid(
             for k, v in zip(keys, values, strict=True):
                 if k.startswith("algo.") and not _algorithm_has(algo, k.split(".", 1)[1]):
                     del settings[k]
-                else:  # fed3p2, or local_epochs=2 (a key's last part)
-                    label.append(str(v) if k == "algo" else f"{k.rsplit('.', 1)[-1]}={v}")
+                else:  # fed3p2, or local_epochs=2 (a key's last part), or regularizers=kd+fd
+                    text = ("+".join(map(str, v)) or "none") if isinstance(v, (list, tuple)) else str(v)
+                    label.append(text if k == "algo" else f"{k.rsplit('.', 1)[-1]}={text}")
             name = "_".join(x for x in [config.name, *label] if x) or "run"
             out.setdefault(_safe(name), SuiteConfig(_safe(name), settings, config.paper))
     return tuple(out.values())
@@ -175,11 +176,11 @@ def expand_grid(
 
 def _algorithm_has(algo: str, param: str) -> bool:
     from raysim.experiment import KEYWORD_PARAMS, algorithm_class
-    from raysim.hooks import FT_PARAMS
+    from raysim.hooks import engine_params
 
     cls = algorithm_class(algo)
     names = {f.name for f in dataclasses.fields(cls.Config)}
-    if getattr(cls, "fine_tunes", False) and param in FT_PARAMS:
+    if param in engine_params(cls):
         return True
     return param in names or KEYWORD_PARAMS.get(param) in names or param in cls.aliases
 

@@ -80,6 +80,9 @@ CASES: dict[str, dict[str, Any]] = {
     "gpfl": {"algo": "gpfl"},
     "fedntd": {"algo": "fedntd"},
     "fedexp": {"algo": "fedexp"},
+    "fedavg-kd-ld-prox": {"algo": "fedavg", "algo.regularizers": ["kd", "ld", "prox"]},
+    "fedbabu-ntd-fd-ft": {"algo": "fedbabu", "algo.regularizers": ["ntd", "fd"], "algo.reg_beta": 0.5},
+    "fedavg-ft": {"algo": "fedavg", "algo.ft_epochs": 1},
 }
 
 
