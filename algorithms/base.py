@@ -209,13 +209,20 @@ class Algorithm(Generic[StateT]):
         if not names:
             return loss_fn
         from raysim.distill import RegContext, regularized
-        from raysim.models import set_weights
         from raysim.train import proximal_anchor
 
-        teacher = ctx.scratch_model("teacher")
-        set_weights(teacher, received)
-        teacher.eval()
-        return regularized(loss_fn, names, beta, RegContext(teacher, proximal_anchor(ctx.model, parts), parts, tau))
+        rc = RegContext(self.teacher(ctx, received), proximal_anchor(ctx.model, parts), parts, tau)
+        return regularized(loss_fn, names, beta, rc)
+
+    def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
+        """``weights`` (the received global model) in the worker's "teacher" scratch model, frozen in
+        eval mode: what distillation terms compare with (FedDr+'s L_FD, FedNTD, the regularisers)."""
+        from raysim.models import set_weights
+
+        t = ctx.scratch_model("teacher")
+        set_weights(t, weights)
+        t.eval()
+        return t
 
     def ft_weights(self, eval_payload: Any) -> ModelWeights:
         """The global model that "-FT" fine-tunes (by default the evaluation payload itself)."""

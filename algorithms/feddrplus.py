@@ -177,15 +177,6 @@ class FedDrPlus(FrozenHead):
         return GlobalEval(ctx.init_weights.select(BODY).merged(head))
 
     # ---------------------------------------------------------------------------------------- client
-    def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
-        """The received global model, frozen, for L_FD."""
-        from raysim.models import set_weights
-
-        t = ctx.scratch_model("teacher")
-        set_weights(t, weights)
-        t.eval()
-        return t
-
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         beta = self.params.beta
         teacher = self.teacher(ctx, payload.weights) if beta < 1.0 else None

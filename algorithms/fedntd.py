@@ -46,12 +46,9 @@ class FedNTD(FedAvg):
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         from raysim.distill import not_true_distillation
-        from raysim.models import set_weights
 
         beta, tau = self.params.beta, self.params.tau
-        teacher = ctx.scratch_model("teacher")  # the received global model, frozen
-        set_weights(teacher, payload.weights)
-        teacher.eval()
+        teacher = self.teacher(ctx, payload.weights)  # the received global model, frozen
 
         def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             import torch

@@ -48,10 +48,7 @@ def not_true_distillation(
     ``tau`` over the not-true classes only (the true class's logit is removed before the softmax,
     so it neither gets nor gives probability). The teacher's side carries no gradient. The tau^2
     factor keeps the gradient's scale across temperatures (Hinton et al.; the authors' code has it)."""
-    log_q = F.log_softmax(not_true_logits(logits, y) / tau, dim=1)
-    with torch.no_grad():
-        p = F.softmax(not_true_logits(teacher_logits, y) / tau, dim=1)
-    return tau * tau * F.kl_div(log_q, p, reduction="batchmean")
+    return knowledge_distillation(not_true_logits(logits, y), not_true_logits(teacher_logits, y), tau)
 
 
 def knowledge_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
