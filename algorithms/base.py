@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from raysim.config import ExperimentConfig
+from raysim.hooks import engine_settings
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
@@ -121,22 +122,18 @@ class Algorithm(Generic[StateT]):
     def ft_setting(cls, cfg: ExperimentConfig) -> tuple[int, float]:
         """(epochs, rate) of "-FT" fine-tuning: ``algo.ft_epochs`` (default ``ft_default_epochs``)
         and ``algo.ft_lr`` (default the initial learning rate)."""
-        epochs = cfg.algo_params.get("ft_epochs", cls.ft_default_epochs)
-        lr = cfg.algo_params.get("ft_lr")
+        p = engine_settings(cfg.algo_params)
+        epochs = cls.ft_default_epochs if "ft_epochs" not in cfg.algo_params else p.ft_epochs
         return (
-            cfg.train.local_epochs if epochs is None else int(epochs),
-            cfg.train.lr if lr is None else float(lr),
+            cfg.train.local_epochs if epochs is None else epochs,
+            cfg.train.lr if p.ft_lr is None else p.ft_lr,
         )
 
     @classmethod
     def reg_setting(cls, cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
         """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
-        names = cfg.algo_params.get("regularizers") or ()
-        return (
-            (names,) if isinstance(names, str) else tuple(names),
-            float(cfg.algo_params.get("reg_beta", 0.9)),
-            float(cfg.algo_params.get("reg_tau", 3.0)),
-        )
+        p = engine_settings(cfg.algo_params)
+        return p.regularizers, p.reg_beta, p.reg_tau
 
     @classmethod
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.errors import ConfigError
-from raysim.hooks import REG_NAMES, AlgorithmHooks, engine_params
+from raysim.hooks import REG_NAMES, AlgorithmHooks, engine_params, engine_settings
 from raysim.registry import (
     ALGORITHMS,
     DATASETS,
@@ -66,27 +66,19 @@ def algorithm_params(cfg: ExperimentConfig) -> Any:
     return params
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_engine_params(p: Mapping[str, Any]) -> None:
-    epochs, lr = p.get("ft_epochs"), p.get("ft_lr")
-    if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0):
-        raise ConfigError(f"algo.ft_epochs is a whole number of epochs, at least 0, not {epochs!r}.")
-    if lr is not None and (not _number(lr) or lr <= 0):
-        raise ConfigError(f"algo.ft_lr must be a positive number, not {lr!r}.")
-    names = p.get("regularizers")
-    names = [names] if isinstance(names, str) else names
-    if names is not None and (
-        not isinstance(names, (list, tuple)) or any(n not in REG_NAMES for n in names) or len(set(names)) < len(names)
-    ):
-        raise ConfigError(f"algo.regularizers is a list of distinct names from {', '.join(REG_NAMES)}, not {names!r}.")
-    beta, tau = p.get("reg_beta"), p.get("reg_tau")
-    if beta is not None and (not _number(beta) or not 0.0 <= beta < 1.0):
-        raise ConfigError(f"algo.reg_beta (the algorithm's own loss's weight) must be in [0, 1), not {beta!r}.")
-    if tau is not None and (not _number(tau) or tau <= 0):
-        raise ConfigError(f"algo.reg_tau must be a positive temperature, not {tau!r}.")
+def _check_engine_params(given: Mapping[str, Any]) -> None:
+    p = engine_settings(given)
+    if p.ft_epochs is not None and p.ft_epochs < 0:
+        raise ConfigError(f"algo.ft_epochs is a whole number of epochs, at least 0, not {p.ft_epochs!r}.")
+    if p.ft_lr is not None and p.ft_lr <= 0:
+        raise ConfigError(f"algo.ft_lr must be a positive number, not {p.ft_lr!r}.")
+    names = p.regularizers
+    if any(n not in REG_NAMES for n in names) or len(set(names)) < len(names):
+        raise ConfigError(f"algo.regularizers is a list of distinct names from {', '.join(REG_NAMES)}, not {list(names)!r}.")
+    if not 0.0 <= p.reg_beta < 1.0:
+        raise ConfigError(f"algo.reg_beta (the algorithm's own loss's weight) must be in [0, 1), not {p.reg_beta!r}.")
+    if p.reg_tau <= 0:
+        raise ConfigError(f"algo.reg_tau must be a positive temperature, not {p.reg_tau!r}.")
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:

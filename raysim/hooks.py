@@ -18,11 +18,12 @@ client side (in a client worker)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, from_dict
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -40,6 +41,24 @@ FT_PARAMS = ("ft_epochs", "ft_lr")
 #: (:data:`raysim.distill.REGULARIZERS`)
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
 REG_NAMES = ("prox", "kd", "ntd", "ld", "fd")
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """The engine's ``algo.*`` settings, typed as any Config's are (``--set algo.ft_epochs=1`` is an
+    int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
+
+    ft_epochs: int | None = None  # None: the class's ft_default_epochs
+    ft_lr: float | None = None  # None: the initial learning rate
+    regularizers: tuple[str, ...] = ()
+    reg_beta: float = 0.9
+    reg_tau: float = 3.0
+
+
+def engine_settings(algo_params: Any) -> EngineParams:
+    """The engine's settings among an experiment's ``algo_params`` (the rest are the Config's)."""
+    names = FT_PARAMS + REG_PARAMS
+    return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
 
 
 def engine_params(cls: type) -> tuple[str, ...]:

@@ -147,3 +147,18 @@ def test_a_regularised_combination_is_the_same_on_serial_and_ray(tmp_path, ray_l
         tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
     )
     assert without_times(ray_run.rows) == without_times(serial.rows)
+
+
+def test_settings_typed_on_the_command_line_are_read_as_their_types(tmp_path):
+    """``--set`` gives strings: ``algo.ft_epochs=1`` and ``algo.regularizers=[ntd,fd]`` as a user types them."""
+    from raysim.experiment import algorithm_class
+
+    cfg = tiny_config(
+        tmp_path,
+        algo="fedbabu",
+        **{"algo.ft_epochs": "1", "algo.ft_lr": "0.02", "algo.regularizers": "[ntd,fd]", "algo.reg_beta": "0.8"},
+    )
+    validate(cfg)
+    cls = algorithm_class("fedbabu")
+    assert cls.ft_setting(cfg) == (1, 0.02)
+    assert cls.reg_setting(cfg) == (("ntd", "fd"), 0.8, 3.0)
