@@ -11,6 +11,7 @@ from algorithms import (  # noqa: F401
     fedclust,
     feddrplus,
     feddyn,
+    fedetf,
     fedexp,
     fedfcd,
     fedgh,
@@ -26,4 +27,5 @@ from algorithms import (  # noqa: F401
     perfedavg,
     pfedme,
     scaffold,
+    spherefed,
 )

@@ -53,6 +53,10 @@ class Algorithm(Generic[StateT]):
     #: run a round 0 over every client before round 1 (``plan`` and ``aggregate`` get ``rnd=0``),
     #: e.g. FedFCD's first upload of class prototypes; it is not a training round and is not logged
     prologue: ClassVar[bool] = False
+    #: run a pass over every client after the last round's training and before its evaluation
+    #: (``plan`` and ``aggregate`` get ``rnd = rounds + 1``), e.g. SphereFed's calibration
+    #: statistics of the final global model; it is not logged as a round, its compute is counted
+    epilogue: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
     #: "-FT" personalisation (FedBABU's and FedDr+'s, and the "-FT" rows of FedDr+'s Table 3 for any
@@ -117,6 +121,15 @@ class Algorithm(Generic[StateT]):
         class count), so a new dataset gets the setup of the paper's dataset most like it; put
         beneath the user's settings unless ``paper_setup`` is false."""
         return {}
+
+    @staticmethod
+    def adapt_model(model: SplitModel) -> SplitModel:
+        """The model as this algorithm uses it, built from the run's registered model: e.g.
+        SphereFed's features normalised onto the hypersphere, FedETF's projection layer. Called
+        wherever the run builds its model (every worker, the server, fresh parts), inside the
+        seeded generator of that build, so new layers are initialised the same everywhere; it may
+        change the parts' modules but not their names. Default: the model as registered."""
+        return model
 
     @classmethod
     def ft_setting(cls, cfg: ExperimentConfig) -> tuple[int, float]:

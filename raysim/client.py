@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, evaluation_due
 from raysim.context import ClientContext, ClientMemory, ClientWorkspace
 from raysim.data import ArrayDataset, FederatedData
 from raysim.experiment import make_algorithm
@@ -38,6 +38,7 @@ class ClientRuntime(ClientWorkspace):
     ) -> None:
         super().__init__(cfg, data)
         self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        self._gtest: tuple[torch.Tensor, torch.Tensor] | None = None  # G-Test on the device, for analyses
 
     def warm_up(self) -> None:
         """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
@@ -82,9 +83,25 @@ class ClientRuntime(ClientWorkspace):
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
             res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
             res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
+            if self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd):
+                res = dataclasses.replace(res, analysis=self._local_analysis(cid))
             results.append(res)
             prev = res
         return results
+
+    def _local_analysis(self, cid: int) -> dict[str, float | None]:
+        """The local model as ``cid``'s local update left it, on G-Test split by the classes
+        ``cid`` observed (:mod:`raysim.analysis`), as ``local_*`` values."""
+        from raysim.analysis import ClassStats, sample_analysis
+
+        data = self.data
+        if self._gtest is None:
+            self._gtest = self.gather(data.gtest, np.arange(len(data.gtest)))
+        x, y = self._gtest
+        correct, align, norm = sample_analysis(self.model, x, y, self.cfg.eval.batch_size)
+        stats = ClassStats.of(data.gtest.y, correct, align, norm, data.num_classes)
+        observed = np.bincount(data.train.y[data.client_train[cid]], minlength=data.num_classes) > 0
+        return {f"local_{k}": v for k, v in stats.split(observed).items()}
 
     def evaluate(
         self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
@@ -94,11 +111,20 @@ class ClientRuntime(ClientWorkspace):
         torch.set_num_threads(self.cfg.train_threads)
         bs = self.cfg.eval.batch_size
         global_correct: list[np.ndarray] = []
+        global_align: list[np.ndarray] = []
+        global_norm: list[np.ndarray] = []
         gm = self.algo.global_model(self.model, eval_payload) if targets else None
         if gm is not None:
             gm.eval()
             for t in targets:
                 global_correct.append(self._correct_on(gm, getattr(self.data, t.pool), t.indices, bs))
+                if self.cfg.eval.analyses:  # the features' alignment and norm: a second pass
+                    from raysim.analysis import sample_analysis
+
+                    x, y = self.gather(getattr(self.data, t.pool), t.indices)
+                    _, align, norm = sample_analysis(gm, x, y, bs)
+                    global_align.append(align)
+                    global_norm.append(norm)
         personal: list[tuple[int, int | None]] = []
         for c in clients:
             pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
@@ -110,7 +136,7 @@ class ClientRuntime(ClientWorkspace):
             personal.append(
                 (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
             )
-        return EvalPart(tuple(global_correct), tuple(personal))
+        return EvalPart(tuple(global_correct), tuple(personal), tuple(global_align), tuple(global_norm))
 
     def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:
         if idx.size == 0:

@@ -81,6 +81,9 @@ class EvalConfig:
     batch_size: int = 500
     #: summary.json's "last": the mean of each metric over its last k evaluations
     last_k: int = 5
+    #: FedDr+'s analyses (raysim.analysis): per-class accuracy, observed/unobserved-class accuracy,
+    #: feature-classifier alignment and feature norm, of the global and the local models
+    analyses: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from raysim.data import ArrayDataset, FederatedData
 from raysim.features import class_means, extract_features
 from raysim.models import (
     SplitModel,
-    build_model,
+    experiment_model,
     flat_from_parameters,
     get_weights,
     parameter_views,
@@ -88,8 +88,8 @@ class ClientWorkspace:
         self.cfg = cfg
         self.data = data
         self.device = pick_device(cfg)
-        self.model: SplitModel = build_model(
-            cfg.model, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init")
+        self.model: SplitModel = experiment_model(
+            cfg, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init")
         ).to(self.device)
         self.initial_weights = get_weights(self.model, PARTS)
         self.memory: dict[int, ClientMemory] = {}
@@ -108,8 +108,8 @@ class ClientWorkspace:
         worker (e.g. a Type-B group's new filter, a client's new personal head)."""
         key = (part, purpose)
         if key not in self._fresh:
-            model = build_model(
-                self.cfg.model,
+            model = experiment_model(
+                self.cfg,
                 self.data.train.input_shape,
                 self.data.num_classes,
                 rng.int_seed(self.cfg.seed, purpose),
@@ -236,6 +236,8 @@ class ClientContext:
         advance: bool = True,
         momentum: ModelWeights | None = None,
         extra: Sequence[torch.nn.Parameter] = (),
+        momentum_factor: float | None = None,
+        weight_decay: float | None = None,
     ) -> TrainStats:
         """The shared loop (:func:`raysim.train.local_train`) on this client's batches, for
         ``epochs`` (default E) epochs: the next ones of ``stream``; or for ``steps`` SGD steps
@@ -243,7 +245,9 @@ class ClientContext:
         it was, so that the next call trains on the same shuffles (FedFCD trains each local epoch in
         two steps). ``momentum``: the optimizer's momentum buffers to start from (laid out as the
         trained parts' weights, e.g. :meth:`momentum_of` another client's stats), else zero.
-        ``extra``: parameters of the algorithm's own modules, trained with the parts."""
+        ``extra``: parameters of the algorithm's own modules, trained with the parts.
+        ``momentum_factor`` and ``weight_decay``: this pass's SGD settings where they are not the
+        run's (``train.momentum``, ``train.weight_decay``), e.g. FedETF's plain-SGD ETF tuning."""
         t = self.cfg.train
         if steps is not None:
             per_epoch = -(-self.num_samples // t.batch_size)
@@ -256,7 +260,11 @@ class ClientContext:
             lambda epoch: self.batches(first + epoch, stream),
             epochs=n,
             parts=parts,
-            sgd=SGDConfig(lr, t.momentum, t.weight_decay),
+            sgd=SGDConfig(
+                lr,
+                t.momentum if momentum_factor is None else momentum_factor,
+                t.weight_decay if weight_decay is None else weight_decay,
+            ),
             loss_fn=loss_fn,
             after_backward=after_backward,
             max_steps=steps,

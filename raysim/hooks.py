@@ -13,6 +13,9 @@ client side (in a client worker)
     ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
     ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
     ``personal_forward(model, eval_payload)``
+both (a static method)
+    ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
+    features), applied wherever the run builds its model
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class AlgorithmHooks(Protocol):
     fine_tunes: ClassVar[bool]
     regularizable: ClassVar[bool]
     prologue: ClassVar[bool]
+    epilogue: ClassVar[bool]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
@@ -88,6 +92,9 @@ class AlgorithmHooks(Protocol):
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @staticmethod
+    def adapt_model(model: SplitModel) -> SplitModel: ...
 
     # server side
     def init(self, ctx: ServerContext) -> Any: ...

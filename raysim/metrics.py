@@ -35,10 +35,11 @@ def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dic
     }
 
 
-def summarize(report: EvalReport) -> dict[str, float | None]:
-    """One row of metrics.parquet from one evaluation."""
+def summarize(report: EvalReport) -> dict[str, Any]:
+    """One row of metrics.parquet from one evaluation (numbers, and with ``eval.analyses`` the
+    list ``gm_class_acc``)."""
     totals = [c.n_test for c in report.clients]
-    row: dict[str, float | None] = {
+    row: dict[str, Any] = {
         "gm_gtest": (report.gtest_correct / report.gtest_total)
         if report.gtest_correct is not None and report.gtest_total > 0
         else None,
@@ -51,6 +52,12 @@ def summarize(report: EvalReport) -> dict[str, float | None]:
         row[name] = s["mean"]
         row[f"{name}_weighted"] = s["weighted"]
         row[f"{name}_std"] = s["std"]
+    if report.gm_class_acc is not None:  # eval.analyses (raysim.analysis)
+        from raysim.analysis import SPLIT_KEYS, mean_over_clients
+
+        row["gm_class_acc"] = report.gm_class_acc
+        splits = [{f"gm_{k}": v for k, v in (c.gm_split or {}).items()} for c in report.clients]
+        row.update(mean_over_clients(splits, tuple(f"gm_{k}" for k in SPLIT_KEYS)))
     return row
 
 
@@ -63,6 +70,7 @@ def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:
             "n_test": c.n_test,
             "gm_ptest": None if c.gm_correct is None or c.n_test == 0 else c.gm_correct / c.n_test,
             "lm_ptest": None if c.lm_correct is None or c.n_test == 0 else c.lm_correct / c.n_test,
+            **{f"gm_{k}": v for k, v in (c.gm_split or {}).items()},
         }
         for c in report.clients
     ]

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.weights import PARTS, ModelWeights
 
-__all__ = ["SplitModel", "build_model", "float_tensors", "get_weights", "set_weights"]
+__all__ = ["L2Normalize", "SplitModel", "build_model", "experiment_model", "float_tensors", "get_weights", "set_weights"]
 
 
 class SplitModel(nn.Module):
@@ -69,6 +70,13 @@ class SplitModel(nn.Module):
         """The personal path: phead(filter(extractor(x)))."""
         out: torch.Tensor = self.phead(self.filter(self.extractor(x)))
         return out
+
+
+class L2Normalize(nn.Module):
+    """x / max(||x||_2, eps) per row: features on the unit hypersphere (SphereFed, FedETF)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(x, dim=1, eps=1e-12)
 
 
 def _flat_dim(module: nn.Module, input_shape: Sequence[int]) -> int:
@@ -254,9 +262,16 @@ def resnet18(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
 
 
-def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> SplitModel:
+def build_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    adapt: Callable[[SplitModel], SplitModel] | None = None,
+) -> SplitModel:
     """Build the registered model ``name`` with parameters drawn from ``seed`` alone (the global
-    generator is untouched)."""
+    generator is untouched); ``adapt`` (an algorithm's :meth:`~algorithms.base.Algorithm.adapt_model`)
+    then changes its parts, drawing any new parameters from the same seeded generator."""
     from raysim.registry import MODELS
 
     spec = MODELS.get(name)
@@ -269,7 +284,17 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, seed: i
             raise ConfigError(
                 f"The model {name} does not fit inputs of shape {tuple(input_shape)}: {e}."
             ) from None
+        if adapt is not None:
+            model = adapt(model)
     return model
+
+
+def experiment_model(cfg: ExperimentConfig, input_shape: Sequence[int], num_classes: int, seed: int) -> SplitModel:
+    """The run's model (``cfg.model``) as its algorithm uses it (``adapt_model``), from ``seed``:
+    what every worker and the server build, so their parts have the same layout."""
+    from raysim.experiment import algorithm_class
+
+    return build_model(cfg.model, input_shape, num_classes, seed, adapt=algorithm_class(cfg.algo).adapt_model)
 
 
 # --------------------------------------------------------------------------------------------------

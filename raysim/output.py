@@ -111,7 +111,8 @@ class TableWriter(BaseCallback):
 
 
 class TensorBoardWriter(BaseCallback):
-    """TensorBoard: ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds;
+    """TensorBoard: ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds
+    (with ``eval.analyses``, ``analysis/*`` and ``classes/gm_acc/*`` too);
     ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every round."""
 
     def __init__(self, purge_step: int | None = None) -> None:
@@ -143,8 +144,18 @@ class TensorBoardWriter(BaseCallback):
             w.add_image(f"algo/{name}", image, r)
 
     def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        from raysim.analysis import ANALYSIS_COLUMNS
+
         for key, value in row.items():
-            if key.startswith(("gm_", "lm_")) and value is not None:
+            if value is None:
+                continue
+            if key == "gm_class_acc":  # eval.analyses: one curve per class
+                for c, acc in enumerate(value):
+                    if acc is not None:
+                        self.writer.add_scalar(f"classes/gm_acc/{c}", acc, rnd)
+            elif key in ANALYSIS_COLUMNS:
+                self.writer.add_scalar(f"analysis/{key}", value, rnd)
+            elif key.startswith(("gm_", "lm_")):
                 self.writer.add_scalar(f"accuracy/{key}", value, rnd)
         for m in ("gm_ptest", "lm_ptest"):
             values = [c[m] for c in clients if c[m] is not None]

@@ -27,6 +27,8 @@ class RoundStats:
     texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
     images: tuple[tuple[str, Any], ...] = ()  # (tag, uint8 image) (Algorithm.round_images)
     validate: bool = False  # the algorithm asks for the global model's validation accuracy
+    #: ``eval.analyses``: (client, its local model's ``local_*`` values) for the round's clients
+    client_analyses: tuple[tuple[int, dict[str, float | None]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class EvalPart:
 
     global_correct: tuple[np.ndarray, ...]  # per target: a bool per sample
     personal_correct: tuple[tuple[int, int | None], ...]  # (client, correct on its P-Test)
+    #: ``eval.analyses``: per target, cos(f(x), v_y) and ||f(x)|| per sample (else empty)
+    global_align: tuple[np.ndarray, ...] = ()
+    global_norm: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class ClientEval:
     n_test: int
     gm_correct: int | None
     lm_correct: int | None
+    #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.analysis)
+    gm_split: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class EvalReport:
     clients: tuple[ClientEval, ...]
     gtest_correct: int | None
     gtest_total: int
+    #: ``eval.analyses``: the global model's accuracy on each class of G-Test
+    gm_class_acc: list[float | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,12 @@ def _one_round(
     t = time.perf_counter()
     stats = executor.train_round(rnd, sampled)
     round_time = time.perf_counter() - t
+    if rnd == cfg.rounds and algorithm_class(cfg.algo).epilogue:
+        # the epilogue: every client, after the last training and before the last evaluation
+        # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
+        t = time.perf_counter()
+        after = executor.train_round(cfg.rounds + 1, list(range(cfg.clients)))
+        totals.add_round(after, time.perf_counter() - t, 0.0)
     if stats.validate:  # the algorithm asked for the global model's validation accuracy
         accuracy = executor.validate(rnd)
         stats = dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", accuracy)))
@@ -243,6 +249,14 @@ def _one_round(
     )
     rows.append(row)
     per_client = client_rows(rnd, report)
+    if cfg.eval.analyses:  # the round's local models (raysim.analysis), beside the global model's
+        from raysim.analysis import ANALYSIS_COLUMNS, mean_over_clients
+
+        local = dict(stats.client_analyses)
+        keys = tuple(k for k in ANALYSIS_COLUMNS if k.startswith("local_"))
+        for r in per_client:
+            r.update(local.get(r["client"], dict.fromkeys(keys)))
+        row.update(mean_over_clients(list(local.values()), keys))
     all_client_rows.extend(per_client)
     for cb in callbacks:
         cb.on_eval(rnd, row, per_client)

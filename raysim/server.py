@@ -53,6 +53,7 @@ class ServerHost:
             bytes_down=sum(r.bytes_down for r in flat),
             bytes_up=sum(r.bytes_up for r in flat),
             samples_trained=sum(r.samples_trained for r in flat),
+            client_analyses=tuple((r.client, r.analysis) for r in flat if r.analysis is not None),
             client_epochs=sum(r.samples_trained / r.num_samples for r in flat if r.num_samples),
             scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
             texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),

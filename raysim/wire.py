@@ -51,6 +51,8 @@ class ClientResult:
     #: samples it trained on in this update, over every epoch and pass: its compute (a client-epoch
     #: is num_samples of them)
     samples_trained: int = 0
+    #: ``eval.analyses``: the local model's ``local_*`` values (raysim.analysis), at evaluated rounds
+    analysis: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,10 @@ class ServerContext:
         the server (FedFCD's and FedGH's global head) or need its layers (FedDr+'s ETF). Imports
         PyTorch, which the server otherwise does without."""
         from raysim import rng
-        from raysim.models import build_model, set_weights
+        from raysim.models import experiment_model, set_weights
 
-        model = build_model(
-            self.cfg.model, self.clients.input_shape, self.clients.num_classes, rng.int_seed(self.cfg.seed, "init")
+        model = experiment_model(
+            self.cfg, self.clients.input_shape, self.clients.num_classes, rng.int_seed(self.cfg.seed, "init")
         )
         set_weights(model, self.init_weights)
         return model

@@ -83,6 +83,9 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-kd-ld-prox": {"algo": "fedavg", "algo.regularizers": ["kd", "ld", "prox"]},
     "fedbabu-ntd-fd-ft": {"algo": "fedbabu", "algo.regularizers": ["ntd", "fd"], "algo.reg_beta": 0.5},
     "fedavg-ft": {"algo": "fedavg", "algo.ft_epochs": 1},
+    "spherefed-ft": {"algo": "spherefed", "train.lr": 0.5, "algo.ft_epochs": 1},
+    "fedetf-ft": {"algo": "fedetf", "train.lr": 0.1, "algo.ft_epochs": 1, "algo.ft_alternations": 2},
+    "fedavg-analyses": {"algo": "fedavg", "eval.analyses": True, "data.partition": "shard:2"},
 }
 
 

@@ -49,11 +49,28 @@ def assemble_report(
     """Per-client and G-Test counts from the workers' parts (``parts[w]`` answered
     ``split_targets(targets, len(parts))[w]``)."""
     bits = {"ptest": np.zeros(len(data.ptest), bool), "gtest": np.zeros(len(data.gtest), bool)}
+    analysed = has_global and bool(parts) and all(len(p.global_align) == len(p.global_correct) > 0 for p in parts)
+    align = {pool: np.zeros(len(getattr(data, pool)), np.float32) for pool in bits} if analysed else {}
+    norm = {pool: np.zeros(len(getattr(data, pool)), np.float32) for pool in bits} if analysed else {}
     for chunks, part in zip(split_targets(targets, len(parts)), parts, strict=True):
-        for t, correct in zip(chunks, part.global_correct, strict=True):
+        for i, (t, correct) in enumerate(zip(chunks, part.global_correct, strict=True)):
             bits[t.pool][t.indices] = correct
+            if analysed:
+                align[t.pool][t.indices] = part.global_align[i]
+                norm[t.pool][t.indices] = part.global_norm[i]
     if data.ptest is data.gtest:
         bits["gtest"] = bits["ptest"]
+        if analysed:
+            align["gtest"], norm["gtest"] = align["ptest"], norm["ptest"]
+    splits: dict[int, dict[str, float | None]] = {}
+    class_acc = None
+    if analysed:  # the global model on G-Test, by class and by each client's observed classes
+        from raysim.analysis import ClassStats
+
+        stats = ClassStats.of(data.gtest.y, bits["gtest"], align["gtest"], norm["gtest"], data.num_classes)
+        class_acc = stats.class_accuracy()
+        observed = data.train_label_counts() > 0
+        splits = {c: stats.split(observed[c]) for c in range(data.num_clients)}
     personal = dict(p for part in parts for p in part.personal_correct)
     clients = tuple(
         ClientEval(
@@ -61,10 +78,13 @@ def assemble_report(
             n_test=int(data.client_test[c].size),
             gm_correct=int(bits["ptest"][data.client_test[c]].sum()) if has_global else None,
             lm_correct=personal.get(c),
+            gm_split=splits.get(c),
         )
         for c in range(data.num_clients)
     )
-    return EvalReport(clients, int(bits["gtest"].sum()) if has_global else None, len(data.gtest))
+    return EvalReport(
+        clients, int(bits["gtest"].sum()) if has_global else None, len(data.gtest), gm_class_acc=class_acc
+    )
 
 
 __all__ = ["accuracy_of", "assemble_report", "eval_targets", "split_targets", "validation_target"]

@@ -14,9 +14,17 @@ from raysim.experiment import validate
 from raysim.runner import prepare, run_experiment
 from tests.conftest import tiny_config, without_times
 
-FINE_TUNED = ["fedavg", "fedprox", "fedntd", "fedexp", "scaffold", "feddyn", "fedbabu", "feddrplus", "dotreg"]
+FINE_TUNED = [
+    "fedavg", "fedprox", "fedntd", "fedexp", "scaffold", "feddyn", "fedbabu", "feddrplus", "dotreg",
+    "spherefed", "fedetf",
+]  # fmt: skip
 #: FedDr+'s ETF head needs a feature size of at least the class count, and FedDr+ a larger rate
-SETTINGS = {"feddrplus": {"train.lr": 0.3}, "dotreg": {"train.lr": 0.3}}
+SETTINGS = {
+    "feddrplus": {"train.lr": 0.3},
+    "dotreg": {"train.lr": 0.3},
+    "spherefed": {"train.lr": 0.5},
+    "fedetf": {"train.lr": 0.1, "algo.ft_alternations": 1},
+}
 
 
 def _config(tmp_path, algo, **changes):
@@ -44,11 +52,13 @@ def test_ft_reports_the_fine_tuned_models_at_the_last_round_and_leaves_the_globa
 
 
 @pytest.mark.parametrize(
-    ("algo", "head_moves"), [("fedavg", True), ("scaffold", True), ("fedbabu", True), ("feddrplus", False)]
+    ("algo", "head_moves"),
+    [("fedavg", True), ("scaffold", True), ("fedbabu", True), ("feddrplus", False), ("spherefed", True), ("fedetf", True)],
 )
 def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, head_moves):
-    """FedAvg-FT, SCAFFOLD-FT and FedBABU-FT fine-tune the whole model; FedDr+ FT the body under its
-    frozen ETF. The server's state and what the client keeps are as they were."""
+    """FedAvg-FT, SCAFFOLD-FT, FedBABU-FT and SphereFed-FT fine-tune the whole model; FedDr+ FT the
+    body under its frozen ETF; FedETF-FT the body, then its ETF and projection in turn. The server's
+    state and what the client keeps are as they were."""
     from raysim.context import ClientContext
     from raysim.models import get_weights
 
