@@ -16,8 +16,11 @@ re-implementation (classifier rows orthonormalised, frozen, no bias, scale 1):
 - the model's features pass through :class:`raysim.models.L2Normalize` after the filter
   (:meth:`SphereFed.adapt_model`); the head is W in R^{C x d}, C orthonormal rows (QR of a seeded
   Gaussian matrix; d >= C is required), without bias, identical on every client and never trained;
-- local loss: the mean squared error between W z and the one-hot label, averaged over the batch and
-  the C outputs (``F.mse_loss(W z, onehot(y))``); the body (extractor and filter) trains and the
+- local loss (``loss``): ``mse`` (default), the mean squared error between W z and the one-hot
+  label, averaged over the batch and the C outputs (``F.mse_loss(W z, onehot(y))``, the
+  third-party code's, "to bypass the scaling issue of CE"); or ``ce``, cross-entropy on the cosine
+  logits W z at scale 1 (what the FedDr+ authors' model computes, ``norm = 1``, if their trainer's
+  loss is FedBABU's; which it is could not be seen). The body (extractor and filter) trains and the
   server averages it by training-set size (FedAvg);
 - calibration (Fast Federated Calibration), an epilogue after the last round
   (:attr:`algorithms.base.Algorithm.epilogue`): every client sends V_k = sum_i z_i z_i^T (d x d)
@@ -30,7 +33,7 @@ re-implementation (classifier rows orthonormalised, frozen, no bias, scale 1):
 - prediction: argmax_c (W z)_c (every row of W has unit norm before calibration, so this is the
   class whose classifier vector is closest in angle).
 - SphereFed-FT (FedDr+'s Table 3): the engine's "-FT" (``algo.ft_epochs`` > 0, off by default)
-  fine-tunes the calibrated global model, body and head, with the same mean squared loss, as
+  fine-tunes the calibrated global model, body and head, with the same local loss, as
   FedBABU-FT fine-tunes its whole model (FedDr+ does not say how it fine-tuned SphereFed; a choice).
 - The learning rates of FedDr+'s Tables 6-7 (0.55 on CIFAR-10, 6.5 on CIFAR-100) are in
   :meth:`SphereFed.paper_setup`; normalised features need large rates (FedDr+ App. C.4.1).
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SphereFedConfig:
+    loss: str = "mse"  # mse | ce: the local loss on W z (the paper's text was not available)
     calibrate: bool = True  # the closed-form classifier calibration after the last round
     calib_ridge: float = 1e-3  # lambda = calib_ridge * trace(V) / d
 
@@ -103,6 +107,13 @@ def calibrated_classifier(v: np.ndarray, u: np.ndarray, ridge: float) -> np.ndar
     return out
 
 
+def sphere_ce(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """cross-entropy on the cosine logits W z (scale 1)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(model(x), y)
+
+
 def sphere_mse(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """mean over the batch and the C outputs of (w_c^T z - 1[c = y])^2, z the normalised feature."""
     import torch.nn.functional as F
@@ -138,6 +149,8 @@ class SphereFed(FrozenHead):
 
     @classmethod
     def check(cls, cfg: Any, params: SphereFedConfig) -> None:
+        if params.loss not in ("mse", "ce"):
+            raise ConfigError(f"SphereFed's loss is 'mse' or 'ce', not {params.loss!r}.")
         if params.calib_ridge < 0:
             raise ConfigError(f"SphereFed's calib_ridge must be >= 0, not {params.calib_ridge}.")
         d, c = MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes
@@ -178,12 +191,16 @@ class SphereFed(FrozenHead):
         ctx.load(payload.weights)
         if isinstance(payload, CalibrationPayload):
             return ctx.result(TrainStats(0.0, 0, 0), extra=feature_moments(ctx))
-        loss = self.regularized(ctx, payload.weights, BODY, sphere_mse)
+        loss = self.regularized(ctx, payload.weights, BODY, self.own_loss)
         stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # W stays fixed
         return ctx.result(stats, weights=ctx.weights(BODY))
 
+    @property
+    def own_loss(self) -> LossFn:
+        return sphere_mse if self.params.loss == "mse" else sphere_ce
+
     def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
-        return sphere_mse
+        return self.own_loss
 
 
 def feature_moments(ctx: ClientContext) -> FeatureMoments:
@@ -207,5 +224,6 @@ __all__ = [
     "calibrated_classifier",
     "feature_moments",
     "orthonormal_rows",
+    "sphere_ce",
     "sphere_mse",
 ]

@@ -118,7 +118,7 @@ class ClientRuntime(ClientWorkspace):
             gm.eval()
             for t in targets:
                 global_correct.append(self._correct_on(gm, getattr(self.data, t.pool), t.indices, bs))
-                if self.cfg.eval.analyses:  # the features' alignment and norm: a second pass
+                if self.cfg.eval.analyses and t.pool != "train":  # alignment and norm: a second pass
                     from raysim.analysis import sample_analysis
 
                     x, y = self.gather(getattr(self.data, t.pool), t.indices)

@@ -67,6 +67,25 @@ def test_spherefed_loss_is_the_mean_squared_error_to_the_one_hot_label(tmp_path)
         assert float(sphere_mse(model, x, y)) == pytest.approx(want, rel=1e-5)
 
 
+def test_spherefed_ce_reading_trains_with_cross_entropy_on_the_cosine_logits(tmp_path):
+    import torch
+    import torch.nn.functional as F
+
+    from algorithms.spherefed import sphere_ce
+
+    ex = _executor(tmp_path / "ce", "spherefed", **{"algo.loss": "ce"})
+    model = ex.runtime.model
+    x, y = ex.runtime.gather(ex.runtime.data.train, ex.runtime.data.client_train[1])
+    with torch.no_grad():
+        cos = F.normalize(model.filter[0](model.extractor(x)), dim=1) @ model.head.weight.T
+        assert float(sphere_ce(model, x, y)) == pytest.approx(float(F.cross_entropy(cos, y)), rel=1e-5)
+    (ce,) = run_round(ex, 1, [2])
+    (mse,) = run_round(_executor(tmp_path / "mse", "spherefed"), 1, [2])
+    assert not ce.weights.equals(mse.weights)
+    with pytest.raises(ConfigError, match="loss"):
+        validate(tiny_config(tmp_path, algo="spherefed", **{"algo.loss": "l1"}))
+
+
 def test_spherefed_calibrated_classifier_is_its_closed_form_over_every_clients_data(tmp_path):
     """After the last round every client sends V_k = sum z z^T and U_k = sum z e_y^T under the final
     body; the head becomes ((V + lambda I)^-1 U)^T, lambda = ridge trace(V) / d, which is where
