@@ -48,6 +48,10 @@ class RunResult:
     last_k: int
     totals: RunTotals
     setup_time_s: float
+    #: seconds from the process's start to the first round's dispatch (interpreter, imports, data,
+    #: Ray and the workers), and from the last round's end to the executor's shutdown returning
+    startup_s: float = 0.0
+    shutdown_s: float = 0.0
     last_round: int = 0  # the last round completed
     stopped: bool = False  # stopped early by Ctrl-C, with a checkpoint to resume from
     worker_restarts: int = 0  # client workers replaced after dying
@@ -74,6 +78,8 @@ class RunResult:
             "train_time_s": round(self.totals.train_time_s, 3),
             "eval_time_s": round(self.totals.eval_time_s, 3),
             "setup_time_s": round(self.setup_time_s, 3),
+            "startup_s": round(self.startup_s, 3),
+            "shutdown_s": round(self.shutdown_s, 3),
             "worker_restarts": self.worker_restarts,
             "run_dir": str(self.run_dir),
         }
@@ -101,6 +107,19 @@ class StopRequest:
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch): psutil's, else this module's import."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # psutil comes with ray[default]; without it, the import time below
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
 
 
 def prepare(cfg: ExperimentConfig) -> FederatedData:
@@ -155,6 +174,7 @@ def run_experiment(
         )
 
     setup_time = time.perf_counter() - t0
+    startup = shutdown = 0.0
     try:
         if resume is not None:
             executor.restore(resume.snapshot)
@@ -162,6 +182,7 @@ def run_experiment(
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
         first = last_round + 1 if resume else (0 if algorithm_class(cfg.algo).prologue else 1)
+        startup = time.time() - process_start_time()
         with StopRequest() as stop:
             for rnd in range(first, cfg.rounds + 1):
                 if rnd == 0:  # the prologue: every client, before training (FedFCD, PACFL, FedClust)
@@ -182,7 +203,9 @@ def run_experiment(
     except RunAborted as e:
         raise RunAborted(f"{e} {_rescue(run_dir, checkpoint)}") from None
     finally:
+        t_end = time.perf_counter()
         executor.shutdown()
+        shutdown = time.perf_counter() - t_end
     history = MetricHistory(rows)
     result = RunResult(
         run_dir=run_dir,
@@ -193,6 +216,8 @@ def run_experiment(
         last_k=cfg.eval.last_k,
         totals=totals,
         setup_time_s=setup_time,
+        startup_s=startup,
+        shutdown_s=shutdown,
         last_round=max(last_round, 0),
         stopped=stopped,
         worker_restarts=executor.restarts,

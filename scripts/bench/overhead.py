@@ -9,7 +9,9 @@ Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 cl
 - ``raysim_1w``: ``scripts/run.py`` on local Ray, 1 client worker using every core;
 - ``raysim_2w``: ``scripts/run.py`` on local Ray, 2 client workers with one core each.
 
-Each reports the wall time of its 5 rounds (training only); this script also times the whole process.
+Each reports the wall time of its 5 rounds (training only); this script also times the whole process,
+and raysim's summary gives its start-up (process start to the first round) and shutdown (last round
+to the executor stopped) phases, whose medians the last line carries too.
 Memory is measured in one more run of each program, apart from the timed ones (reading every
 process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
 size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
@@ -133,7 +135,11 @@ def measure(cmd: list[str], sample_memory: bool) -> dict[str, float]:
     wall, last, peak_mb = run_measured(cmd, sample_memory)
     rounds = last.get("rounds_s", last.get("train_time_s"))
     acc = last.get("gm_gtest", (last.get("final") or {}).get("gm_gtest"))
-    return {"rounds_s": float(rounds), "process_s": wall, "peak_mb": peak_mb, "gm_gtest": float(acc)}
+    out = {"rounds_s": float(rounds), "process_s": wall, "peak_mb": peak_mb, "gm_gtest": float(acc)}
+    for phase in ("startup_s", "shutdown_s"):  # raysim's summary: process start to round 1, last round to shutdown
+        if phase in last:
+            out[phase] = float(last[phase])
+    return out
 
 
 def main() -> None:
@@ -182,6 +188,9 @@ def main() -> None:
         result[f"{name}_process_s"] = round(m["process_s"], 3)
         result[f"{name}_peak_mb"] = round(m["peak_mb"])
         result[f"{name}_process_ratio"] = round(m["process_s"] / plain["process_s"], 3)
+        for phase in ("startup_s", "shutdown_s"):
+            if phase in m:
+                result[f"{name}_{phase}"] = round(m[phase], 3)
     result["ratio_1w"] = round(med["raysim_1w"]["rounds_s"] / plain["rounds_s"], 3)
     result["ratio_2w"] = round(med["raysim_2w"]["rounds_s"] / plain["rounds_s"], 3)
     result["ratio"] = min(result["ratio_1w"], result["ratio_2w"])

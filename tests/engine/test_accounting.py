@@ -47,6 +47,9 @@ def test_summary_has_the_last_k_mean_and_the_compute(tmp_path):
     rows = pq.read_table(tmp_path / "metrics.parquet").to_pylist()
     assert rows[-1]["samples_trained"] == want and rows[-1]["client_epochs"] == pytest.approx(32)
     assert rows[0]["client_epochs"] == pytest.approx(8)  # cumulative, round by round
+    # the phases around the rounds: start-up counts from the process's start, before the run's own
+    # set-up (data and executor); shutdown from the last round's end
+    assert summary["startup_s"] >= summary["setup_time_s"] > 0 and summary["shutdown_s"] >= 0
 
 
 def result_data(cfg):
