@@ -74,6 +74,13 @@ class Algorithm(Generic[StateT]):
     #: terms against the received global model (``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4,
     #: ``algo.reg_tau`` 3 for kd and ntd); the algorithm wraps its loss with :meth:`regularized`
     regularizable: ClassVar[bool] = False
+    #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
+    #: (:meth:`batch_update`, :mod:`raysim.batched`); else the sentence that says why not
+    batchable: ClassVar[bool] = False
+    unbatchable: ClassVar[str] = (
+        "its local update is not one pass of supervised training from the received model with a "
+        "loss the same for every client."
+    )
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -176,6 +183,11 @@ class Algorithm(Generic[StateT]):
     # ---- client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         raise NotImplementedError
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payload: Any) -> list[ClientResult]:
+        """The local updates of ``ctxs``' clients from the same ``payload``, trained together (a
+        ``batchable`` algorithm's; :meth:`raysim.context.ClientContext.train_together`)."""
+        raise NotImplementedError(f"{self.name} does not train clients batched")
 
     def continue_chain(self, payload: Any, prev: ClientResult) -> Any:
         """The payload of the next client in a chain: by default, the first payload with the

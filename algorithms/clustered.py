@@ -52,6 +52,10 @@ class ClusterEval:
 
 class ClusteredFL(Algorithm[ClusterState]):
     """A model per cluster, FedAvg inside each; subclasses form the clusters."""
+    unbatchable = (
+        "its clients start from their own cluster's model, so a round's clients do not share one "
+        "payload."
+    )
 
     has_global_model = False
     has_personal_model = True

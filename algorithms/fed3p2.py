@@ -174,6 +174,11 @@ class Fed3p2Eval:
 
 @register("fed3p2")
 class Fed3p2(Algorithm[Fed3p2State]):
+    unbatchable = (
+        "its phase-1 chains train clients one after another on one model, and its phase 2 trains "
+        "personal filters and heads kept on the clients' home workers (batched chains and phase 2: "
+        "not yet)."
+    )
     Config = Fed3p2Config
     has_personal_model = True
 

@@ -65,6 +65,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 class FedAvg(AveragedWeights):
     fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
     regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
+    batchable = True  # train.batch_clients (and FedProx, FedNTD, FedExP): the loss is the payload's
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx
@@ -77,6 +78,17 @@ class FedAvg(AveragedWeights):
         return train_global_parts(
             ctx, payload, lambda: self.regularized(ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
         )
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payload: WeightsPayload) -> list[ClientResult]:
+        """:meth:`local_update` for each of ``ctxs``, trained together: the loss depends only on
+        the received weights, so one loss serves every client."""
+        from raysim.context import ClientContext
+
+        first = ctxs[0]
+        first.load(payload.weights)
+        loss = self.regularized(first, payload.weights, GLOBAL_PARTS, self.loss_fn(first, payload))
+        trained = ClientContext.train_together(ctxs, GLOBAL_PARTS, payload.lr, loss_fn=loss)
+        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 
 
 __all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]

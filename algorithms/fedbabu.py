@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, ClassVar
 from algorithms.base import register
 from algorithms.feddrplus import FrozenHead, GlobalEval
 from raysim.weights import BODY
-from raysim.wire import ClientResult, ServerContext, WeightsPayload
+from raysim.wire import ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
+    from raysim.train import LossFn
 
 
 @register("fedbabu")
@@ -28,13 +29,11 @@ class FedBABU(FrozenHead):
     def init(self, ctx: ServerContext) -> GlobalEval:
         return GlobalEval(ctx.init_weights.select((*BODY, "head")))
 
-    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+    def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """Cross-entropy, the head frozen."""
         from raysim.train import cross_entropy
 
-        ctx.load(payload.weights)
-        loss = self.regularized(ctx, payload.weights, BODY, cross_entropy)
-        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # cross-entropy, the head frozen
-        return ctx.result(stats, weights=ctx.weights(BODY))
+        return cross_entropy
 
 
 __all__ = ["FedBABU"]

@@ -131,6 +131,7 @@ class FrozenHead(Algorithm[GlobalEval]):
     fine_tunes = True
     ft_default_epochs: ClassVar[int | None] = None  # the local epochs E
     regularizable = True  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
+    batchable = True  # train.batch_clients: every client's loss is the payload's
     ft_parts: ClassVar[tuple[str, ...]] = BODY
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
@@ -143,6 +144,27 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     def eval_payload(self, state: GlobalEval) -> GlobalEval:
         return state
+
+    # ---------------------------------------------------------------------------------------- client
+    def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """The body's local loss, made with the received weights loaded in ``ctx.model``."""
+        raise NotImplementedError
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        ctx.load(payload.weights)
+        loss = self.regularized(ctx, payload.weights, BODY, self.body_loss(ctx, payload))
+        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # the head stays frozen
+        return ctx.result(stats, weights=ctx.weights(BODY))
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payload: WeightsPayload) -> list[ClientResult]:
+        """:meth:`local_update` for each of ``ctxs``, their bodies trained together."""
+        from raysim.context import ClientContext
+
+        first = ctxs[0]
+        first.load(payload.weights)
+        loss = self.regularized(first, payload.weights, BODY, self.body_loss(first, payload))
+        trained = ClientContext.train_together(ctxs, BODY, payload.lr, loss_fn=loss)
+        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 
     def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel | None:
         return super().global_model(model, eval_payload.weights)
@@ -184,13 +206,10 @@ class FedDrPlus(FrozenHead):
         return GlobalEval(ctx.init_weights.select(BODY).merged(head))
 
     # ---------------------------------------------------------------------------------------- client
-    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+    def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """beta L_DR + (1 - beta) L_FD against the received model (the ETF head stays frozen)."""
         beta = self.params.beta
-        teacher = self.teacher(ctx, payload.weights) if beta < 1.0 else None
-        ctx.load(payload.weights)
-        loss = self.regularized(ctx, payload.weights, BODY, dr_loss(beta, teacher))
-        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # the ETF head stays frozen
-        return ctx.result(stats, weights=ctx.weights(BODY))
+        return dr_loss(beta, self.teacher(ctx, payload.weights) if beta < 1.0 else None)
 
     def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
         """FedDr+ FT's loss: L_DR (``ft_loss="dr"``) or L_Dr+ with the global model as teacher."""

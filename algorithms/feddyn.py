@@ -50,6 +50,9 @@ class DynState:
 
 @register("feddyn")
 class FedDyn(Algorithm[DynState]):
+    unbatchable = (
+        "its loss has each client's own linear term, kept on its home worker."
+    )
     Config = FedDynConfig
     fine_tunes = True  # "-FT" with algo.ft_epochs
 

@@ -107,6 +107,9 @@ def class_counts(ctx: ClientContext) -> torch.Tensor:
 
 @register("fedetf")
 class FedETF(Algorithm[ETFState]):
+    unbatchable = (
+        "its balanced loss offsets the logits by each client's own class counts."
+    )
     Config = FedETFConfig
     has_global_model = True
     fine_tunes = True  # FedETF-FT: algo.ft_epochs > 0

@@ -83,6 +83,9 @@ class FCDState:
 
 @register("fedfcd")
 class FedFCD(Algorithm[FCDState]):
+    unbatchable = (
+        "its clients keep personal extractors and heads and align to prototypes of their own classes."
+    )
     Config = FedFCDConfig
     has_global_model = False
     has_personal_model = True

@@ -52,6 +52,9 @@ class GHState:
 
 @register("fedgh")
 class FedGH(Algorithm[GHState]):
+    unbatchable = (
+        "its clients keep personal bodies on their home workers."
+    )
     Config = FedGHConfig
     has_global_model = False
     has_personal_model = True

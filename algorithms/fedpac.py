@@ -104,6 +104,9 @@ class PACEval:
 
 @register("fedpac")
 class FedPAC(Algorithm[PACState]):
+    unbatchable = (
+        "its clients keep personal heads and align features to centroids of their own classes."
+    )
     Config = FedPACConfig
     has_global_model = False
     has_personal_model = True

@@ -62,6 +62,9 @@ class ProtoState:
 
 @register("fedproto")
 class FedProto(Algorithm[ProtoState]):
+    unbatchable = (
+        "its clients keep personal models and align to prototypes of their own classes."
+    )
     Config = FedProtoConfig
     has_global_model = False
     has_personal_model = True

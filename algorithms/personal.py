@@ -22,6 +22,10 @@ class SharedAndPersonal(AveragedWeights):
     """A sampled client loads the received ``shared_parts`` and its own ``personal_parts`` (the
     initial model's before it first trains), trains (:meth:`train`), keeps its personal parts and
     uploads the shared ones. Its personalised model is the current shared parts with its own."""
+    unbatchable = (
+        "its clients keep personal parts on their home workers, so their jobs are pinned there "
+        "(batched personal parts: not yet)."
+    )
 
     personal_parts: ClassVar[tuple[str, ...]] = ("head",)
     has_personal_model = True

@@ -54,6 +54,10 @@ def zeros_like(w: ModelWeights) -> ModelWeights:
 
 @register("scaffold")
 class Scaffold(Algorithm[ScaffoldState]):
+    unbatchable = (
+        "each step is corrected by the client's own control variate, which differs from client to "
+        "client."
+    )
     Config = ScaffoldConfig
     fine_tunes = True  # "-FT" with algo.ft_epochs
 

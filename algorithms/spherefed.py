@@ -116,10 +116,12 @@ def sphere_ce(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 
 def sphere_mse(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """mean over the batch and the C outputs of (w_c^T z - 1[c = y])^2, z the normalised feature."""
+    import torch
     import torch.nn.functional as F
 
     logits = model(x)
-    return F.mse_loss(logits, F.one_hot(y, logits.shape[1]).to(logits.dtype))
+    onehot = torch.zeros_like(logits).scatter(1, y.unsqueeze(1), 1.0)  # not F.one_hot: vmap-able
+    return F.mse_loss(logits, onehot)
 
 
 @register("spherefed")
@@ -188,12 +190,20 @@ class SphereFed(FrozenHead):
     def local_update(self, ctx: ClientContext, payload: WeightsPayload | CalibrationPayload) -> ClientResult:
         from raysim.train import TrainStats
 
-        ctx.load(payload.weights)
         if isinstance(payload, CalibrationPayload):
+            ctx.load(payload.weights)
             return ctx.result(TrainStats(0.0, 0, 0), extra=feature_moments(ctx))
-        loss = self.regularized(ctx, payload.weights, BODY, self.own_loss)
-        stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # W stays fixed
-        return ctx.result(stats, weights=ctx.weights(BODY))
+        return super().local_update(ctx, payload)  # the body trained, W fixed
+
+    def batch_update(
+        self, ctxs: Sequence[ClientContext], payload: WeightsPayload | CalibrationPayload
+    ) -> list[ClientResult]:
+        if isinstance(payload, CalibrationPayload):  # no training: each client's moments
+            return [self.local_update(ctx, payload) for ctx in ctxs]
+        return super().batch_update(ctxs, payload)
+
+    def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        return self.own_loss
 
     @property
     def own_loss(self) -> LossFn:

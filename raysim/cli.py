@@ -39,6 +39,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "batch_size": ("train.batch_size", int, "local batch size B"),
     "lr": ("train.lr", float, "initial learning rate"),
     "threads": ("train.threads", int, "intra-op threads per training job (default: cpus per worker)"),
+    "batch_clients": (
+        "train.batch_clients",
+        int,
+        "train up to this many of a round's clients at once as one batched computation (default 1)",
+    ),
     "seed": ("seed", int, "random seed"),
     "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
     "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),

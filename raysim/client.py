@@ -22,6 +22,7 @@ from raysim.context import ClientContext, ClientMemory, ClientWorkspace
 from raysim.data import ArrayDataset, FederatedData
 from raysim.experiment import make_algorithm
 from raysim.hooks import AlgorithmHooks
+from raysim.models import set_weights
 from raysim.records import EvalPart, EvalTarget
 from raysim.train import SGDConfig, local_train, predict
 from raysim.weights import PARTS, payload_nbytes
@@ -88,6 +89,22 @@ class ClientRuntime(ClientWorkspace):
             results.append(res)
             prev = res
         return results
+
+    def run_batch(self, rnd: int, clients: Sequence[int], payload: Any) -> list[ClientResult]:
+        """The local updates of ``clients``, each from ``payload``, trained together
+        (``train.batch_clients``; the algorithm's ``batch_update``)."""
+        torch.set_num_threads(self.cfg.train_threads)
+        results = self.algo.batch_update([ClientContext(self, c, rnd) for c in clients], payload)
+        down = payload_nbytes(payload)
+        out = []
+        for cid, res in zip(clients, results, strict=True):
+            res = dataclasses.replace(res, bytes_down=down)
+            if self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd):
+                if res.weights is not None:  # the client's trained model, for its analysis
+                    set_weights(self.model, res.weights)
+                res = dataclasses.replace(res, analysis=self._local_analysis(cid))
+            out.append(res)
+        return out
 
     def _local_analysis(self, cid: int) -> dict[str, float | None]:
         """The local model as ``cid``'s local update left it, on G-Test split by the classes

@@ -73,6 +73,9 @@ class TrainConfig:
     lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
     lr_gamma: float = 0.1
     threads: int | None = None  # intra-op threads of a training job; None: cpus_per_worker (at least 1)
+    #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
+    #: where the algorithm and the model allow it; 1: one by one
+    batch_clients: int = 1
 
 
 @dataclass(frozen=True)

@@ -276,6 +276,47 @@ class ClientContext:
         self.samples_trained += stats.samples
         return stats
 
+    @staticmethod
+    def train_together(
+        ctxs: Sequence[ClientContext],
+        parts: Sequence[str],
+        lr: float,
+        *,
+        loss_fn: LossFn = cross_entropy,
+        epochs: int | None = None,
+        stream: str = "local",
+    ) -> list[tuple[TrainStats, ModelWeights]]:
+        """:meth:`train` for each of ``ctxs``' clients (one worker's), all from the weights loaded
+        in their shared model now and with the same loss, as one batched computation
+        (:class:`raysim.batched.BatchedTrainer`): each client's batches are the ones :meth:`train`
+        would draw. Returns each client's stats and trained ``parts``; the model is left holding
+        the last client's."""
+        from raysim.batched import BatchedTrainer
+
+        if not ctxs:
+            return []
+        model, t = ctxs[0].model, ctxs[0].cfg.train
+        n = t.local_epochs if epochs is None else epochs
+        firsts = [ctx._cursor.get(stream, 0) for ctx in ctxs]
+
+        def batches(ctx: ClientContext, first: int) -> Iterator[Batch]:
+            for e in range(n):
+                yield from ctx.batches(first + e, stream)
+
+        trainer = BatchedTrainer(model, parts, len(ctxs))
+        sums = trainer.train(
+            [batches(c, f) for c, f in zip(ctxs, firsts, strict=True)],
+            SGDConfig(lr, t.momentum, t.weight_decay),
+            loss_fn,
+        )
+        out = []
+        for k, (ctx, first, (loss, steps, samples)) in enumerate(zip(ctxs, firsts, sums, strict=True)):
+            ctx._cursor[stream] = first + n
+            ctx.samples_trained += samples
+            trainer.load(k)
+            out.append((TrainStats(loss, steps, samples), ctx.weights(parts)))
+        return out
+
     def momentum_of(self, stats: TrainStats, parts: Sequence[str]) -> ModelWeights | None:
         """The momentum buffers a :meth:`train` of ``parts`` ended with, laid out as the parts'
         weights (None without momentum)."""

@@ -35,10 +35,10 @@ from raysim.train import LossFn, proximal_term
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The (B, C-1) logits of the classes other than each sample's true class, in class order."""
-    b, c = logits.shape
-    keep = torch.ones(b, c, dtype=torch.bool, device=logits.device)
-    keep[torch.arange(b, device=logits.device), y] = False
-    return logits[keep].view(b, c - 1)
+    c = logits.shape[1]
+    others = torch.arange(c - 1, device=logits.device).unsqueeze(0)
+    index = others + (others >= y.unsqueeze(1)).long()  # 0..C-1 skipping y; no in-place write (vmap)
+    return logits.gather(1, index)
 
 
 def not_true_distillation(

@@ -115,6 +115,15 @@ def validate(cfg: ExperimentConfig) -> None:
     info = _check_data(cfg)
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
     algorithm_params(cfg)  # the algorithm's name, its parameters, and its own checks (check())
+    if cfg.train.batch_clients > 1:
+        cls = algorithm_class(cfg.algo)
+        if not cls.batchable:
+            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.unbatchable}")
+        if not MODELS.get(cfg.model).batchable:
+            raise ConfigError(
+                f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "
+                "layers, whose statistics one batched step cannot keep per client."
+            )
 
 
 def _check_training(cfg: ExperimentConfig) -> None:
@@ -131,6 +140,8 @@ def _check_training(cfg: ExperimentConfig) -> None:
         raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
     if t.threads is not None and t.threads < 1:
         raise ConfigError(f"The training threads must be at least 1, not {t.threads}.")
+    if t.batch_clients < 1:
+        raise ConfigError(f"train.batch_clients must be at least 1, not {t.batch_clients}.")
     if cfg.eval.every < 0:
         raise ConfigError(f"eval.every must be at least 0, not {cfg.eval.every}.")
     if cfg.eval.last_k < 1:

@@ -80,6 +80,8 @@ class AlgorithmHooks(Protocol):
     regularizable: ClassVar[bool]
     prologue: ClassVar[bool]
     epilogue: ClassVar[bool]
+    batchable: ClassVar[bool]
+    unbatchable: ClassVar[str]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
@@ -117,6 +119,8 @@ class AlgorithmHooks(Protocol):
 
     # client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult: ...
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payload: Any) -> list[ClientResult]: ...
 
     def continue_chain(self, payload: Any, prev: ClientResult) -> Any: ...
 

@@ -386,6 +386,8 @@ class ModelEntry:
     min_size: int = 1  # the smallest height and width of an input image it accepts
     channels: int | None = None  # the input channels it needs (None: any)
     description: str = ""
+    #: whether clients can train on it batched (``train.batch_clients``): not with BatchNorm
+    batchable: bool = True
 
     def check_input(self, name: str, shape: tuple[int, ...]) -> None:
         """ConfigError unless inputs of ``shape`` (one sample's) fit this model."""
@@ -412,8 +414,8 @@ MODELS.register("cnn_fcd", ModelEntry(_M + "cnn_fcd", 512, 4, description="FedFC
 MODELS.register("cnn_pac", ModelEntry(_M + "cnn_pac", 128, 16, description="FedPAC's (E)MNIST/FMNIST CNN"))
 MODELS.register("cnn_pac_cifar", ModelEntry(_M + "cnn_pac_cifar", 128, 24, description="FedPAC's CIFAR CNN"))
 MODELS.register("vgg11", ModelEntry(_M + "vgg11", 512, 32, description="VGG-11 for 32x32 images"))
-MODELS.register("mobilenet", ModelEntry(_M + "mobilenet", 1024, description="MobileNet v1 for 32x32 images"))
-MODELS.register("resnet18", ModelEntry(_M + "resnet18", 512, description="ResNet-18 for 32x32 images"))
+MODELS.register("mobilenet", ModelEntry(_M + "mobilenet", 1024, description="MobileNet v1 for 32x32 images", batchable=False))
+MODELS.register("resnet18", ModelEntry(_M + "resnet18", 512, description="ResNet-18 for 32x32 images", batchable=False))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from raysim.data import FederatedData
 from raysim.executors import session
 from raysim.executors.actors import ServerActor, config_errors_first
 from raysim.executors.base import DataLoader
+from raysim.executors.batching import batch_units
 from raysim.executors.evaluation import (
     accuracy_of,
     assemble_report,
@@ -116,7 +117,13 @@ class RayExecutor:
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         import ray
 
-        jobs: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
+        planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
+        # clients trained together (train.batch_clients) run as one unpinned unit on one worker
+        units = batch_units(planned, self.cfg.train.batch_clients)
+        jobs = [
+            planned[u[0]] if len(u) == 1 else Job(tuple(planned[j].clients[0] for j in u), planned[u[0]].payload)
+            for u in units
+        ]
         placement = place_jobs(jobs, self.pool.home, self.sizes, self.num_workers)
         results: list[list[Any]] = [[None] * len(segs) for segs in placement]
         done: list[list[bool]] = [[False] * len(segs) for segs in placement]
@@ -133,11 +140,19 @@ class RayExecutor:
                 w, start, stop = placement[j][s]
                 prev = results[j][s - 1] if s > 0 else None
                 clients = jobs[j].clients[start:stop]
-                res, states, count = (
-                    self.pool.workers[w]
-                    .run_chain.options(num_returns=3)
-                    .remote(rnd, clients, jobs[j].payload, prev)
-                )
+                if len(units[j]) > 1:
+                    refs = (
+                        self.pool.workers[w]
+                        .run_batch.options(num_returns=len(clients) + 2)
+                        .remote(rnd, clients, jobs[j].payload)
+                    )
+                    res, states, count = list(refs[:-2]), refs[-2], refs[-1]
+                else:
+                    res, states, count = (
+                        self.pool.workers[w]
+                        .run_chain.options(num_returns=3)
+                        .remote(rnd, clients, jobs[j].payload, prev)
+                    )
                 results[j][s] = res
                 submitted.append((j, s, clients, states, count))
             failure: BaseException | None = None
@@ -152,7 +167,14 @@ class RayExecutor:
                     self.pool.latest.update(dict.fromkeys(clients, states))
             if failure is not None:
                 self.pool.recover(failure, self.server)
-        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, results)
+        per_job: list[list[Any]] = [[] for _ in planned]  # each planned job's segments, as the server planned them
+        for u, unit in enumerate(units):
+            if len(unit) > 1:
+                for i, j in enumerate(unit):
+                    per_job[j] = [results[u][0][i]]
+            else:
+                per_job[unit[0]] = results[u]
+        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, per_job)
         stats: RoundStats = server_get(stats_ref)
         self.server_state = state_ref
         return stats

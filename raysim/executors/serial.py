@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.executors.base import DataLoader
+from raysim.executors.batching import batch_units
 from raysim.executors.evaluation import accuracy_of, assemble_report, eval_targets, validation_target
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, JobResult
@@ -37,10 +38,16 @@ class SerialExecutor:
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
-        results = [
-            JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None))) for job in jobs
-        ]
-        return self.server.aggregate(rnd, results)
+        results: list[JobResult | None] = [None] * len(jobs)
+        for unit in batch_units(jobs, self.cfg.train.batch_clients):
+            if len(unit) > 1:  # clients trained together (train.batch_clients)
+                clients = [jobs[j].clients[0] for j in unit]
+                for j, res in zip(unit, self.runtime.run_batch(rnd, clients, jobs[unit[0]].payload), strict=True):
+                    results[j] = JobResult(jobs[j], (res,))
+            else:
+                job = jobs[unit[0]]
+                results[unit[0]] = JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None)))
+        return self.server.aggregate(rnd, [r for r in results if r is not None])
 
     def evaluate(self, rnd: int) -> EvalReport:
         algo = self.runtime.algo

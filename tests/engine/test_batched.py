@@ -1,0 +1,155 @@
+"""Many clients in one step (issue 16, ``train.batch_clients``): clients trained together agree with
+one-by-one training within the stated tolerance, the batches are the plan's alone, and serial and
+Ray give the same numbers in batched mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim.errors import ConfigError
+from raysim.executors.batching import batch_units
+from raysim.experiment import validate
+from raysim.runner import run_experiment
+from raysim.wire import Job
+from tests.conftest import tiny_config, without_times
+
+#: one-by-one against batched: trained weights after one job to this (float32 kernels summing in
+#: another order), and each evaluated accuracy after a few rounds to this
+WEIGHT_TOL = 1e-5
+ACCURACY_TOL = 0.02
+CNN = {"model": "cnn3p2_fmnist", "data.synthetic.shape": (1, 16, 16), "data.synthetic.separation": 1.0}
+
+
+def test_batched_trainer_is_sgd_per_client_on_each_clients_own_batches():
+    """Clients of different sizes (a ragged last batch, one client out of data before the others),
+    momentum and weight decay, a loss with a term on the parameters (FedProx's): each client's
+    weights equal those of torch.optim.SGD training it alone."""
+    import torch
+    import torch.nn.functional as F
+
+    from raysim.batched import BatchedTrainer
+    from raysim.models import build_model, get_weights, set_weights
+    from raysim.train import SGDConfig, iterate_batches, local_train, proximal_anchor, proximal_term
+    from raysim.weights import GLOBAL_PARTS
+
+    model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=1)
+    start = get_weights(model, GLOBAL_PARTS)
+    g = torch.Generator().manual_seed(0)
+    sizes = [80, 57, 120, 23]
+    data = [(torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
+    orders = [[torch.randperm(n, generator=g) for _ in range(2)] for n in sizes]
+    sgd = SGDConfig(0.05, 0.9, 1e-3)
+    anchor = proximal_anchor(model, GLOBAL_PARTS)
+
+    def loss(m, x, y):
+        return F.cross_entropy(m(x), y) + 0.5 * proximal_term(m, anchor, GLOBAL_PARTS)
+
+    def batches(k, epoch):
+        return iterate_batches(*data[k], orders[k][epoch], 20)
+
+    alone = []
+    for k in range(len(sizes)):
+        set_weights(model, start)
+        stats = local_train(model, lambda e, k=k: batches(k, e), epochs=2, parts=GLOBAL_PARTS, sgd=sgd, loss_fn=loss)
+        alone.append((get_weights(model, GLOBAL_PARTS), stats))
+    set_weights(model, start)
+    trainer = BatchedTrainer(model, GLOBAL_PARTS, len(sizes))
+    def both_epochs(k):  # a function, so that each generator keeps its own k
+        return (b for e in range(2) for b in batches(k, e))
+
+    together = trainer.train([both_epochs(k) for k in range(len(sizes))], sgd, loss)
+    for k, (weights, stats) in enumerate(alone):
+        trainer.load(k)
+        got = get_weights(model, GLOBAL_PARTS)
+        for part in GLOBAL_PARTS:
+            np.testing.assert_allclose(got.part(part), weights.part(part), atol=WEIGHT_TOL, rtol=0)
+        assert together[k][1:] == (stats.steps, stats.samples)
+        assert together[k][0] == pytest.approx(stats.loss, rel=1e-5)
+        assert not got.equals(start)
+
+
+def test_batches_are_runs_of_single_unpinned_jobs_with_one_payload():
+    a, b = object(), object()
+    jobs = [
+        Job((0,), a), Job((1,), a), Job((2,), a), Job((3,), a),  # four of one payload: 3 + 1 at k = 3
+        Job((4,), b), Job((5,), b),  # another payload
+        Job((6,), b, pinned=True),  # pinned: alone
+        Job((7, 8), b),  # a chain: alone
+        Job((9,), b),
+    ]  # fmt: skip
+    assert batch_units(jobs, 3) == [[0, 1, 2], [3], [4, 5], [6], [7], [8]]
+    assert batch_units(jobs, 1) == [[j] for j in range(len(jobs))]
+
+
+BATCHED = {
+    "fedavg": {},
+    "fedprox": {"algo.mu": 0.5},
+    "fedntd": {},
+    "fedexp": {},
+    "fedbabu": {"algo.ft_epochs": 0},
+    "feddrplus": {"train.lr": 0.3, "algo.ft_epochs": 0},
+    "spherefed": {"train.lr": 0.5},  # its calibration epilogue too
+}
+
+
+@pytest.mark.parametrize("algo", sorted(BATCHED))
+def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, algo):
+    setup = {
+        "algo": algo, "rounds": 3, "participation": 0.75, "eval.every": 1, "train.local_epochs": 2,
+        "data.partition": "dirichlet:0.3", **CNN, **BATCHED[algo],
+    }  # fmt: skip
+    one = run_experiment(tiny_config(tmp_path / "one", **setup))
+    many = run_experiment(tiny_config(tmp_path / "many", **setup, **{"train.batch_clients": 4}))
+    for a, b in zip(one.rows, many.rows, strict=True):
+        assert b["samples_trained"] == a["samples_trained"] and b["client_epochs"] == a["client_epochs"]
+        assert b["gm_gtest"] == pytest.approx(a["gm_gtest"], abs=ACCURACY_TOL)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+    assert many.rows[-1]["gm_gtest"] > 0.3  # it learns
+
+
+def test_every_algorithm_is_batchable_or_says_why_not_in_a_sentence(tmp_path):
+    from raysim.registry import ALGORITHMS
+
+    batchable = {name for name, cls in ALGORITHMS.items() if cls.batchable}
+    assert batchable == set(BATCHED) | {"dotreg"}
+    for name, cls in ALGORITHMS.items():
+        if not cls.batchable:
+            assert cls.unbatchable.endswith(".") and len(cls.unbatchable.split(". ")) == 1, name
+
+
+def test_settings_that_cannot_be_batched_are_refused_with_a_sentence(tmp_path):
+    validate(tiny_config(tmp_path, **{"train.batch_clients": 8}))
+    with pytest.raises(ConfigError, match="batch_clients must be at least 1"):
+        validate(tiny_config(tmp_path, **{"train.batch_clients": 0}))
+    with pytest.raises(ConfigError, match="scaffold cannot train clients batched"):
+        validate(tiny_config(tmp_path, algo="scaffold", **{"train.batch_clients": 2}))
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        validate(tiny_config(tmp_path, model="resnet18", **{"train.batch_clients": 2, "data.synthetic.shape": (3, 32, 32)}))
+
+
+def test_each_model_entry_says_whether_it_can_be_batched():
+    from raysim.batched import why_not_batchable
+    from raysim.models import build_model
+    from raysim.registry import MODELS
+
+    for name, entry in MODELS.items():
+        shape = (3, 32, 32) if entry.channels == 3 or entry.min_size > 28 else (1, 28, 28)
+        model = build_model(name, shape if entry.min_size <= 28 else (3, 32, 32), 10, seed=0)
+        assert entry.batchable == (why_not_batchable(model) is None), name
+
+
+def test_analyses_in_batched_mode_are_each_clients_own(tmp_path):
+    setup = {"rounds": 1, "eval.analyses": True, "data.partition": "shard:2", **CNN}
+    one = run_experiment(tiny_config(tmp_path / "one", **setup))
+    many = run_experiment(tiny_config(tmp_path / "many", **setup, **{"train.batch_clients": 4}))
+    for key in ("local_obs_acc", "local_unobs_acc", "local_obs_align"):
+        assert many.rows[0][key] == pytest.approx(one.rows[0][key], abs=ACCURACY_TOL), key
+
+
+@pytest.mark.ray
+def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local):
+    setup = {"rounds": 2, "participation": 0.75, "eval.every": 1, "train.batch_clients": 3, **CNN}
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
+    assert without_times(ray_run.rows) == without_times(serial.rows)
