@@ -184,9 +184,11 @@ class Algorithm(Generic[StateT]):
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         raise NotImplementedError
 
-    def batch_update(self, ctxs: Sequence[ClientContext], payload: Any) -> list[ClientResult]:
-        """The local updates of ``ctxs``' clients from the same ``payload``, trained together (a
-        ``batchable`` algorithm's; :meth:`raysim.context.ClientContext.train_together`)."""
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
+        """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together
+        (a ``batchable`` algorithm's, with :meth:`raysim.context.ClientContext.train_together`).
+        The payloads are one object for a round's single-client jobs; in chains, the k-th
+        clients' payloads follow from their chains' previous clients (:meth:`continue_chain`)."""
         raise NotImplementedError(f"{self.name} does not train clients batched")
 
     def continue_chain(self, payload: Any, prev: ClientResult) -> Any:

@@ -174,11 +174,10 @@ class Fed3p2Eval:
 
 @register("fed3p2")
 class Fed3p2(Algorithm[Fed3p2State]):
-    unbatchable = (
-        "its phase-1 chains train clients one after another on one model, and its phase 2 trains "
-        "personal filters and heads kept on the clients' home workers (batched chains and phase 2: "
-        "not yet)."
-    )
+    #: train.batch_clients: phase 1's chains train side by side, their k-th clients in one batched
+    #: step (and phase 1 without coordinators as FedAvg); phase 2's jobs are pinned to the clients'
+    #: home workers, where their personal filters and heads live, and train one by one
+    batchable = True
     Config = Fed3p2Config
     has_personal_model = True
 
@@ -465,6 +464,35 @@ class Fed3p2(Algorithm[Fed3p2State]):
         shared = payload.group >= 0
         ctx.keep(ctx.weights(("phead",)) if shared else ctx.weights(("filter", "phead")))
         return ctx.result(stats, weights=trained if shared else None)  # P-heads stay here
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
+        """Phase 1, trained together: the round's clients from W(t) without coordinators, or the
+        k-th clients of several chains, each from its chain's W^c (and momentum when it carries)."""
+        from raysim.context import ClientContext
+
+        first = payloads[0]
+        if isinstance(first, WeightsPayload) and all(p is first for p in payloads):
+            ctxs[0].load(first.weights)
+            trained = ClientContext.train_together(ctxs, GLOBAL_PARTS, first.lr)
+            return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
+        if all(isinstance(p, ChainPayload) and p.lr == first.lr for p in payloads):
+            p = self.params
+            ctxs[0].load(first.weights)
+            trained = ClientContext.train_together(
+                ctxs,
+                GLOBAL_PARTS,
+                first.lr,
+                epochs=p.chain_epochs,
+                steps=p.chain_steps,
+                starts=[q.weights for q in payloads],
+                momenta=[q.momentum for q in payloads],
+            )
+            out = []
+            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
+                carried = ctx.momentum_of(stats, GLOBAL_PARTS) if p.chain_momentum == "carry" else None
+                out.append(ctx.result(stats, weights=w, extra=carried))
+            return out
+        return [self.local_update(c, q) for c, q in zip(ctxs, payloads, strict=True)]
 
     def global_model(self, model: SplitModel, eval_payload: Fed3p2Eval) -> SplitModel | None:
         return super().global_model(model, eval_payload.gm)

@@ -79,11 +79,14 @@ class FedAvg(AveragedWeights):
             ctx, payload, lambda: self.regularized(ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
         )
 
-    def batch_update(self, ctxs: Sequence[ClientContext], payload: WeightsPayload) -> list[ClientResult]:
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, trained together: the loss depends only on
-        the received weights, so one loss serves every client."""
+        the received weights, so one loss serves every client of one payload."""
         from raysim.context import ClientContext
 
+        payload = payloads[0]
+        if any(p is not payload for p in payloads):  # not one payload: one by one
+            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
         first = ctxs[0]
         first.load(payload.weights)
         loss = self.regularized(first, payload.weights, GLOBAL_PARTS, self.loss_fn(first, payload))

@@ -156,10 +156,13 @@ class FrozenHead(Algorithm[GlobalEval]):
         stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # the head stays frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
-    def batch_update(self, ctxs: Sequence[ClientContext], payload: WeightsPayload) -> list[ClientResult]:
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, their bodies trained together."""
         from raysim.context import ClientContext
 
+        payload = payloads[0]
+        if any(p is not payload for p in payloads):  # not one payload: one by one
+            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
         first = ctxs[0]
         first.load(payload.weights)
         loss = self.regularized(first, payload.weights, BODY, self.body_loss(first, payload))

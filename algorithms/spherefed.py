@@ -196,11 +196,11 @@ class SphereFed(FrozenHead):
         return super().local_update(ctx, payload)  # the body trained, W fixed
 
     def batch_update(
-        self, ctxs: Sequence[ClientContext], payload: WeightsPayload | CalibrationPayload
+        self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload | CalibrationPayload]
     ) -> list[ClientResult]:
-        if isinstance(payload, CalibrationPayload):  # no training: each client's moments
-            return [self.local_update(ctx, payload) for ctx in ctxs]
-        return super().batch_update(ctxs, payload)
+        if isinstance(payloads[0], CalibrationPayload):  # no training: each client's moments
+            return [self.local_update(ctx, p) for ctx, p in zip(ctxs, payloads, strict=True)]
+        return super().batch_update(ctxs, payloads)  # type: ignore[arg-type]
 
     def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         return self.own_loss

@@ -50,16 +50,46 @@ def why_not_batchable(model: SplitModel) -> str | None:
 
 
 class BatchedTrainer:
-    """Trains K clients at once from the model as it is loaded now (:meth:`train`); afterwards
-    :meth:`load` puts client k's trained parameters into the model."""
+    """Trains K clients at once (:meth:`train`) from the model as it is loaded now, or from
+    ``starts`` (client k's trained parameters, one tensor per trainable parameter in order, e.g.
+    the previous client's in a chain); ``momenta`` likewise, the momentum buffers a client starts
+    from (None: a fresh optimizer's). Afterwards :meth:`load` puts client k's trained parameters
+    into the model and :meth:`momentum` gives its buffers."""
 
-    def __init__(self, model: SplitModel, parts: Sequence[str], k: int) -> None:
+    def __init__(
+        self,
+        model: SplitModel,
+        parts: Sequence[str],
+        k: int,
+        starts: Sequence[Sequence[torch.Tensor]] | None = None,
+        momenta: Sequence[Sequence[torch.Tensor] | None] | None = None,
+    ) -> None:
         self.model = model
         self.params = set_trainable(model, parts)
         names = {id(p): n for n, p in model.named_parameters()}
         self.names = [f"model.{names[id(p)]}" for p in self.params]
-        self.stacks = [p.detach().unsqueeze(0).repeat(k, *([1] * p.dim())) for p in self.params]
+        if starts is None:
+            self.stacks = [p.detach().unsqueeze(0).repeat(k, *([1] * p.dim())) for p in self.params]
+        else:
+            self.stacks = [torch.stack([s[n].detach() for s in starts]) for n in range(len(self.params))]
         self.k = k
+        self.bufs: list[torch.Tensor | None] = [None] * len(self.stacks)
+        device = self.stacks[0].device if self.stacks else torch.device("cpu")
+        self.started = torch.zeros(k, dtype=torch.bool, device=device)
+        if momenta is not None and any(m is not None for m in momenta):
+            bufs = [torch.zeros_like(s) for s in self.stacks]
+            for i, m in enumerate(momenta):
+                if m is not None:
+                    for buf, t in zip(bufs, m, strict=True):
+                        buf[i] = t
+                    self.started[i] = True
+            self.bufs = list(bufs)
+
+    def momentum(self, client: int) -> list[torch.Tensor] | None:
+        """Client ``client``'s momentum buffers, one per trainable parameter (None before a step)."""
+        if not bool(self.started[client]) or any(b is None for b in self.bufs):
+            return None
+        return [b[client].clone() for b in self.bufs if b is not None]
 
     def load(self, client: int) -> None:
         """Client ``client``'s trained parameters into the model."""
@@ -84,9 +114,8 @@ class BatchedTrainer:
 
         step_many = vmap(grad_and_value(loss_of))
         step_one = grad_and_value(loss_of)
-        device = self.stacks[0].device if self.stacks else torch.device("cpu")
-        bufs: list[torch.Tensor | None] = [None] * len(self.stacks)
-        started = torch.zeros(self.k, dtype=torch.bool, device=device)
+        device = self.started.device
+        bufs, started = self.bufs, self.started
         loss_sum = torch.zeros(self.k, dtype=torch.float64, device=device)
         steps = [0] * self.k
         samples = [0] * self.k

@@ -90,20 +90,25 @@ class ClientRuntime(ClientWorkspace):
             prev = res
         return results
 
-    def run_batch(self, rnd: int, clients: Sequence[int], payload: Any) -> list[ClientResult]:
-        """The local updates of ``clients``, each from ``payload``, trained together
-        (``train.batch_clients``; the algorithm's ``batch_update``)."""
+    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> list[list[ClientResult]]:
+        """Several jobs from the same ``payload``, trained together (``train.batch_clients``; the
+        algorithm's ``batch_update``): each job a chain of clients, the chains' k-th clients in
+        one batched step each starting from its chain's payload (``continue_chain``). Returns each
+        chain's results, as :meth:`run_chain` would."""
         torch.set_num_threads(self.cfg.train_threads)
-        results = self.algo.batch_update([ClientContext(self, c, rnd) for c in clients], payload)
-        down = payload_nbytes(payload)
-        out = []
-        for cid, res in zip(clients, results, strict=True):
-            res = dataclasses.replace(res, bytes_down=down)
-            if self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd):
-                if res.weights is not None:  # the client's trained model, for its analysis
-                    set_weights(self.model, res.weights)
-                res = dataclasses.replace(res, analysis=self._local_analysis(cid))
-            out.append(res)
+        analyse = self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
+        out: list[list[ClientResult]] = [[] for _ in chains]
+        for pos in range(max((len(c) for c in chains), default=0)):
+            active = [i for i, c in enumerate(chains) if pos < len(c)]
+            payloads = [payload if pos == 0 else self.algo.continue_chain(payload, out[i][-1]) for i in active]
+            ctxs = [ClientContext(self, chains[i][pos], rnd) for i in active]
+            for i, p, res in zip(active, payloads, self.algo.batch_update(ctxs, payloads), strict=True):
+                res = dataclasses.replace(res, bytes_down=payload_nbytes(p))
+                if analyse:
+                    if res.weights is not None:  # the client's trained model, for its analysis
+                        set_weights(self.model, res.weights)
+                    res = dataclasses.replace(res, analysis=self._local_analysis(chains[i][pos]))
+                out[i].append(res)
         return out
 
     def _local_analysis(self, cid: int) -> dict[str, float | None]:

@@ -284,37 +284,61 @@ class ClientContext:
         *,
         loss_fn: LossFn = cross_entropy,
         epochs: int | None = None,
+        steps: int | None = None,
+        starts: Sequence[ModelWeights] | None = None,
+        momenta: Sequence[ModelWeights | None] | None = None,
         stream: str = "local",
     ) -> list[tuple[TrainStats, ModelWeights]]:
-        """:meth:`train` for each of ``ctxs``' clients (one worker's), all from the weights loaded
-        in their shared model now and with the same loss, as one batched computation
-        (:class:`raysim.batched.BatchedTrainer`): each client's batches are the ones :meth:`train`
-        would draw. Returns each client's stats and trained ``parts``; the model is left holding
-        the last client's."""
+        """:meth:`train` for each of ``ctxs``' clients (one worker's), with the same loss, as one
+        batched computation (:class:`raysim.batched.BatchedTrainer`): each client's batches are
+        the ones :meth:`train` would draw (``epochs``, or ``steps``). The clients start from the
+        weights loaded in their shared model now, or from ``starts[k]`` (their trained ``parts``;
+        the rest as loaded), and from fresh momentum or ``momenta[k]`` (as :meth:`train`'s
+        ``momentum``). Returns each client's stats (with its momentum buffers) and trained
+        ``parts``; the model is left holding the last client's."""
         from raysim.batched import BatchedTrainer
 
         if not ctxs:
             return []
-        model, t = ctxs[0].model, ctxs[0].cfg.train
-        n = t.local_epochs if epochs is None else epochs
+        model, t, device = ctxs[0].model, ctxs[0].cfg.train, ctxs[0].device
+        counts = []
+        for ctx in ctxs:
+            if steps is not None:
+                per_epoch = -(-ctx.num_samples // t.batch_size)
+                counts.append(-(-steps // per_epoch) if per_epoch else 0)
+            else:
+                counts.append(t.local_epochs if epochs is None else epochs)
         firsts = [ctx._cursor.get(stream, 0) for ctx in ctxs]
 
-        def batches(ctx: ClientContext, first: int) -> Iterator[Batch]:
+        def batches(ctx: ClientContext, first: int, n: int) -> Iterator[Batch]:
+            taken = 0
             for e in range(n):
-                yield from ctx.batches(first + e, stream)
+                for b in ctx.batches(first + e, stream):
+                    if steps is not None and taken >= steps:
+                        return
+                    taken += 1
+                    yield b
 
-        trainer = BatchedTrainer(model, parts, len(ctxs))
-        sums = trainer.train(
-            [batches(c, f) for c, f in zip(ctxs, firsts, strict=True)],
-            SGDConfig(lr, t.momentum, t.weight_decay),
-            loss_fn,
+        sgd = SGDConfig(lr, t.momentum, t.weight_decay)
+        trainer = BatchedTrainer(
+            model,
+            parts,
+            len(ctxs),
+            starts=[parameter_views(model, w.select([p for p in PARTS if p in parts]), device) for w in starts]
+            if starts is not None
+            else None,
+            momenta=[parameter_views(model, m, device) if m is not None else None for m in momenta]
+            if momenta is not None and sgd.momentum > 0
+            else None,
         )
+        sums = trainer.train([batches(c, f, n) for c, f, n in zip(ctxs, firsts, counts, strict=True)], sgd, loss_fn)
         out = []
-        for k, (ctx, first, (loss, steps, samples)) in enumerate(zip(ctxs, firsts, sums, strict=True)):
+        for k, (ctx, first, n, (loss, done, samples)) in enumerate(zip(ctxs, firsts, counts, sums, strict=True)):
             ctx._cursor[stream] = first + n
             ctx.samples_trained += samples
             trainer.load(k)
-            out.append((TrainStats(loss, steps, samples), ctx.weights(parts)))
+            buffers = trainer.momentum(k) if sgd.momentum > 0 else None
+            out.append((TrainStats(loss, done, samples, tuple(buffers) if buffers else ()), ctx.weights(parts)))
         return out
 
     def momentum_of(self, stats: TrainStats, parts: Sequence[str]) -> ModelWeights | None:

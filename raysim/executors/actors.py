@@ -56,11 +56,12 @@ class ClientWorker:
         results = self.runtime.run_chain(rnd, clients, payload, last)
         return results, self.runtime.export_states(clients), len(results)
 
-    def run_batch(self, rnd: int, clients: Sequence[int], payload: Any) -> tuple[Any, ...]:
-        """Called with ``num_returns=len(clients) + 2``: each client's result (as a segment of one,
-        what the server reads), the clients' memories, and the number of results."""
-        results = self.runtime.run_batch(rnd, clients, payload)
-        return (*([r] for r in results), self.runtime.export_states(clients), len(results))
+    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, ...]:
+        """Called with ``num_returns=len(chains) + 2``: each job's results (one segment, what the
+        server reads), the clients' memories, and the number of results."""
+        results = self.runtime.run_batch(rnd, chains, payload)
+        clients = [c for chain in chains for c in chain]
+        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
 
     def import_states(self, clients: Sequence[Sequence[int]], *parts: dict[int, ClientMemory]) -> None:
         """Take ``clients[k]``'s memories from ``parts[k]`` (a replacement worker, or a resumed run)."""

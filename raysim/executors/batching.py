@@ -1,7 +1,8 @@
 """Which of a round's jobs train together (``train.batch_clients``), the same for every executor.
 
-A batch is a run of consecutive jobs, in the order the server planned them, that each train one
-client, are not pinned to a home worker, and carry the same payload, cut into pieces of at most K.
+A batch is a run of consecutive jobs, in the order the server planned them, that are not pinned to
+a home worker and carry the same payload, cut into pieces of at most K jobs: their chains' first
+clients train together, then their second ones, and so on.
 The batches depend on the plan alone, never on the workers, so serial and Ray runs train the same
 clients together and give the same numbers.
 """
@@ -32,7 +33,7 @@ def batch_units(jobs: Sequence[Job], k: int) -> list[list[int]]:
         run.clear()
 
     for j, job in enumerate(jobs):
-        fits = k > 1 and len(job.clients) == 1 and not job.pinned
+        fits = k > 1 and not job.pinned
         if fits and run and _same(jobs[run[-1]].payload, job.payload):
             run.append(j)
             continue

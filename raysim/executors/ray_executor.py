@@ -121,7 +121,7 @@ class RayExecutor:
         # clients trained together (train.batch_clients) run as one unpinned unit on one worker
         units = batch_units(planned, self.cfg.train.batch_clients)
         jobs = [
-            planned[u[0]] if len(u) == 1 else Job(tuple(planned[j].clients[0] for j in u), planned[u[0]].payload)
+            planned[u[0]] if len(u) == 1 else Job(tuple(c for j in u for c in planned[j].clients), planned[u[0]].payload)
             for u in units
         ]
         placement = place_jobs(jobs, self.pool.home, self.sizes, self.num_workers)
@@ -141,10 +141,11 @@ class RayExecutor:
                 prev = results[j][s - 1] if s > 0 else None
                 clients = jobs[j].clients[start:stop]
                 if len(units[j]) > 1:
+                    chains = [planned[i].clients for i in units[j]]
                     refs = (
                         self.pool.workers[w]
-                        .run_batch.options(num_returns=len(clients) + 2)
-                        .remote(rnd, clients, jobs[j].payload)
+                        .run_batch.options(num_returns=len(chains) + 2)
+                        .remote(rnd, chains, jobs[j].payload)
                     )
                     res, states, count = list(refs[:-2]), refs[-2], refs[-1]
                 else:

