@@ -23,7 +23,7 @@ costs each process about 0.3 GB and 1.5 s). ``tests/engine/test_thin_driver.py``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -183,6 +183,27 @@ class Algorithm(Generic[StateT]):
     # ---- client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         raise NotImplementedError
+
+    def batch_from_payload(
+        self,
+        ctxs: Sequence[ClientContext],
+        payloads: Sequence[Any],
+        parts: tuple[str, ...],
+        objective: Callable[[ClientContext, Any], LossFn],
+    ) -> list[ClientResult]:
+        """The common :meth:`batch_update`: every client loads ``payloads``' one ``WeightsPayload``
+        and trains ``parts`` with ``objective(ctx, payload)`` (made once, with the received weights
+        loaded; the run's regularisers added) and uploads them; other payloads run one by one."""
+        from raysim.context import ClientContext
+
+        payload = payloads[0]
+        if any(p is not payload for p in payloads):
+            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
+        first = ctxs[0]
+        first.load(payload.weights)
+        loss = self.regularized(first, payload.weights, parts, objective(first, payload))
+        trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
+        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
         """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together

@@ -82,16 +82,7 @@ class FedAvg(AveragedWeights):
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, trained together: the loss depends only on
         the received weights, so one loss serves every client of one payload."""
-        from raysim.context import ClientContext
-
-        payload = payloads[0]
-        if any(p is not payload for p in payloads):  # not one payload: one by one
-            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
-        first = ctxs[0]
-        first.load(payload.weights)
-        loss = self.regularized(first, payload.weights, GLOBAL_PARTS, self.loss_fn(first, payload))
-        trained = ClientContext.train_together(ctxs, GLOBAL_PARTS, payload.lr, loss_fn=loss)
-        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
+        return self.batch_from_payload(ctxs, payloads, GLOBAL_PARTS, self.loss_fn)
 
 
 __all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]

@@ -158,16 +158,7 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, their bodies trained together."""
-        from raysim.context import ClientContext
-
-        payload = payloads[0]
-        if any(p is not payload for p in payloads):  # not one payload: one by one
-            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
-        first = ctxs[0]
-        first.load(payload.weights)
-        loss = self.regularized(first, payload.weights, BODY, self.body_loss(first, payload))
-        trained = ClientContext.train_together(ctxs, BODY, payload.lr, loss_fn=loss)
-        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
+        return self.batch_from_payload(ctxs, payloads, BODY, self.body_loss)
 
     def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel | None:
         return super().global_model(model, eval_payload.weights)
