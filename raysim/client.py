@@ -37,8 +37,9 @@ class ClientRuntime(ClientWorkspace):
     def __init__(
         self, cfg: ExperimentConfig, data: FederatedData, algorithm: AlgorithmHooks | None = None
     ) -> None:
-        super().__init__(cfg, data)
-        self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        super().__init__(cfg, data, adapt=algo.adapt_model)
+        self.algo = algo
         self._gtest: tuple[torch.Tensor, torch.Tensor] | None = None  # G-Test on the device, for analyses
 
     def warm_up(self) -> None:

@@ -36,7 +36,7 @@ from raysim.data import ArrayDataset, FederatedData
 from raysim.features import class_means, extract_features
 from raysim.models import (
     SplitModel,
-    experiment_model,
+    build_model,
     flat_from_parameters,
     get_weights,
     parameter_views,
@@ -84,12 +84,16 @@ class ClientWorkspace:
     object store), one model that every job loads its weights into, the seeded initial weights,
     and the clients' memories."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, data: FederatedData, adapt: Callable[[SplitModel], SplitModel] | None = None
+    ) -> None:
         self.cfg = cfg
         self.data = data
         self.device = pick_device(cfg)
-        self.model: SplitModel = experiment_model(
-            cfg, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init")
+        #: the algorithm's ``adapt_model``, applied to every model this worker builds
+        self.adapt = adapt
+        self.model: SplitModel = build_model(
+            cfg.model, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init"), adapt
         ).to(self.device)
         self.initial_weights = get_weights(self.model, PARTS)
         self.memory: dict[int, ClientMemory] = {}
@@ -108,11 +112,12 @@ class ClientWorkspace:
         worker (e.g. a Type-B group's new filter, a client's new personal head)."""
         key = (part, purpose)
         if key not in self._fresh:
-            model = experiment_model(
-                self.cfg,
+            model = build_model(
+                self.cfg.model,
                 self.data.train.input_shape,
                 self.data.num_classes,
                 rng.int_seed(self.cfg.seed, purpose),
+                self.adapt,
             )
             self._fresh[key] = get_weights(model, (part,)).part(part)
         return self._fresh[key]

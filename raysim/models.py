@@ -19,11 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.weights import PARTS, ModelWeights
 
-__all__ = ["L2Normalize", "SplitModel", "build_model", "experiment_model", "float_tensors", "get_weights", "set_weights"]
+__all__ = ["L2Normalize", "SplitModel", "build_model", "float_tensors", "get_weights", "set_weights"]
 
 
 class SplitModel(nn.Module):
@@ -287,14 +286,6 @@ def build_model(
         if adapt is not None:
             model = adapt(model)
     return model
-
-
-def experiment_model(cfg: ExperimentConfig, input_shape: Sequence[int], num_classes: int, seed: int) -> SplitModel:
-    """The run's model (``cfg.model``) as its algorithm uses it (``adapt_model``), from ``seed``:
-    what every worker and the server build, so their parts have the same layout."""
-    from raysim.experiment import algorithm_class
-
-    return build_model(cfg.model, input_shape, num_classes, seed, adapt=algorithm_class(cfg.algo).adapt_model)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,7 +35,9 @@ class ServerHost:
     ) -> None:
         self.cfg = cfg
         self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
-        self.state = self.algo.init(ServerContext(cfg=cfg, clients=stats, init_weights=init_weights))
+        self.state = self.algo.init(
+            ServerContext(cfg=cfg, clients=stats, init_weights=init_weights, adapt=self.algo.adapt_model)
+        )
 
     def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
         return self.algo.plan(self.state, rnd, sampled)

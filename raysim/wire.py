@@ -9,6 +9,7 @@ carried in ``Job.payload`` and ``ClientResult.extra``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -103,16 +104,22 @@ class ServerContext:
     cfg: ExperimentConfig
     clients: ClientStats
     init_weights: ModelWeights  # every part of the seeded initial model
+    #: the algorithm's ``adapt_model`` (the model as it uses it; None: as registered)
+    adapt: Callable[[SplitModel], SplitModel] | None = None
 
     def build_model(self) -> SplitModel:
         """The model, with the clients' seeded initial weights, for algorithms that train a part on
         the server (FedFCD's and FedGH's global head) or need its layers (FedDr+'s ETF). Imports
         PyTorch, which the server otherwise does without."""
         from raysim import rng
-        from raysim.models import experiment_model, set_weights
+        from raysim.models import build_model, set_weights
 
-        model = experiment_model(
-            self.cfg, self.clients.input_shape, self.clients.num_classes, rng.int_seed(self.cfg.seed, "init")
+        model = build_model(
+            self.cfg.model,
+            self.clients.input_shape,
+            self.clients.num_classes,
+            rng.int_seed(self.cfg.seed, "init"),
+            self.adapt,
         )
         set_weights(model, self.init_weights)
         return model
