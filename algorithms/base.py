@@ -77,6 +77,9 @@ class Algorithm(Generic[StateT]):
     #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
     #: (:meth:`batch_update`, :mod:`raysim.batched`); else the sentence that says why not
     batchable: ClassVar[bool] = False
+    #: whether jobs pinned to home workers are batched too (their clients' memories then move to
+    #: the batch's worker and back); else they train one by one on their homes
+    batches_pinned: ClassVar[bool] = False
     unbatchable: ClassVar[str] = (
         "its local update is not one pass of supervised training from the received model with a "
         "loss the same for every client."

@@ -24,7 +24,7 @@ from raysim.weights import BODY
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
-    from raysim.train import TrainStats
+    from raysim.train import LossFn, TrainStats
 
 
 class SharedBody(SharedAndPersonal):
@@ -37,8 +37,15 @@ class SharedBody(SharedAndPersonal):
 
 @register("fedper")
 class FedPer(SharedBody):
+    batchable = True  # train.batch_clients: one pass of body and head, cross-entropy
+
     def train(self, ctx: ClientContext, lr: float) -> TrainStats:
         return ctx.train((*BODY, "head"), lr)
+
+    def batch_plan(self) -> tuple[tuple[str, ...], LossFn]:
+        from raysim.train import cross_entropy
+
+        return (*BODY, "head"), cross_entropy
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
-    from raysim.train import TrainStats
+    from raysim.train import LossFn, TrainStats
 
 LOSSES = ("ce", "ce_etf", "dr")
 
@@ -43,6 +43,7 @@ class LocalConfig:
 @register("local")
 class Local(SharedAndPersonal):
     Config = LocalConfig
+    batchable = True  # train.batch_clients: each client from its own model, one pass
     has_global_model = False
     shared_parts = ()
     personal_parts = GLOBAL_PARTS
@@ -76,11 +77,19 @@ class Local(SharedAndPersonal):
         return kept if self.params.loss == "ce" else kept.merged(self.etf_head(ctx))
 
     def train(self, ctx: ClientContext, lr: float) -> TrainStats:
+        parts, loss = self.batch_plan()
+        return ctx.train(parts, lr, loss_fn=loss)
+
+    def batch_plan(self) -> tuple[tuple[str, ...], LossFn]:
+        """ce: the whole model; ce_etf: the body, cross-entropy on the frozen ETF's logits; dr: the
+        body, dot-regression."""
+        from raysim.train import cross_entropy
+
         if self.params.loss == "ce":
-            return ctx.train(GLOBAL_PARTS, lr)
+            return GLOBAL_PARTS, cross_entropy
         if self.params.loss == "ce_etf":
-            return ctx.train(BODY, lr)  # cross-entropy on the ETF's logits, the head frozen
-        return ctx.train(BODY, lr, loss_fn=dr_loss(1.0, None))
+            return BODY, cross_entropy
+        return BODY, dr_loss(1.0, None)
 
 
 __all__ = ["Local", "LocalConfig"]

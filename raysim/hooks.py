@@ -81,6 +81,7 @@ class AlgorithmHooks(Protocol):
     prologue: ClassVar[bool]
     epilogue: ClassVar[bool]
     batchable: ClassVar[bool]
+    batches_pinned: ClassVar[bool]
     unbatchable: ClassVar[str]
     aliases: ClassVar[dict[str, str]]
 

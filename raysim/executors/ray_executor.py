@@ -52,6 +52,7 @@ class RayExecutor:
         self.owns_ray = owns_ray
         algo_cls = algorithm_class(cfg.algo)
         self.has_global = algo_cls.has_global_model
+        self.batches_pinned = algo_cls.batches_pinned
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
@@ -118,13 +119,20 @@ class RayExecutor:
         import ray
 
         planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
-        # clients trained together (train.batch_clients) run as one unpinned unit on one worker
-        units = batch_units(planned, self.cfg.train.batch_clients)
+        # jobs trained together (train.batch_clients) run as one unit on one worker: an unpinned
+        # batch where the round's load is lightest, a pinned one on its first client's home worker,
+        # the others' memories brought there and sent home afterwards
+        units = batch_units(planned, self.cfg.train.batch_clients, self.batches_pinned)
         jobs = [
             planned[u[0]] if len(u) == 1 else Job(tuple(c for j in u for c in planned[j].clients), planned[u[0]].payload)
             for u in units
         ]
         placement = place_jobs(jobs, self.pool.home, self.sizes, self.num_workers)
+        pinned_batch = [len(u) > 1 and planned[u[0]].pinned for u in units]
+        for u, pinned in enumerate(pinned_batch):
+            if pinned:
+                placement[u] = [(self.pool.home[jobs[u].clients[0]], 0, len(jobs[u].clients))]
+        homecoming: list[Any] = []
         results: list[list[Any]] = [[None] * len(segs) for segs in placement]
         done: list[list[bool]] = [[False] * len(segs) for segs in placement]
         while True:
@@ -142,6 +150,8 @@ class RayExecutor:
                 clients = jobs[j].clients[start:stop]
                 if len(units[j]) > 1:
                     chains = [planned[i].clients for i in units[j]]
+                    if pinned_batch[j]:  # the members' memories from their homes, before the batch
+                        self._bring(w, clients)
                     refs = (
                         self.pool.workers[w]
                         .run_batch.options(num_returns=len(chains) + 2)
@@ -164,8 +174,10 @@ class RayExecutor:
                     failure = failure or e
                     continue
                 done[j][s] = True
-                if jobs[j].pinned:  # a pinned job's clients keep their memory on their home worker
+                if jobs[j].pinned or pinned_batch[j]:  # clients whose memory lives on a home worker
                     self.pool.latest.update(dict.fromkeys(clients, states))
+                if pinned_batch[j]:
+                    homecoming += self._send_home(placement[j][s][0], clients, states)
             if failure is not None:
                 self.pool.recover(failure, self.server)
         per_job: list[list[Any]] = [[] for _ in planned]  # each planned job's segments, as the server planned them
@@ -177,8 +189,28 @@ class RayExecutor:
                 per_job[unit[0]] = results[u]
         stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, per_job)
         stats: RoundStats = server_get(stats_ref)
+        ray.get(homecoming)
         self.server_state = state_ref
         return stats
+
+    def _bring(self, w: int, clients: Sequence[int]) -> None:
+        """Worker ``w`` takes the latest memories of those of ``clients`` whose home is elsewhere
+        (queued before the batch that needs them: an actor runs its calls in order)."""
+        by_ref: dict[Any, list[int]] = {}
+        for c in clients:
+            if self.pool.home[c] != w and c in self.pool.latest:
+                by_ref.setdefault(self.pool.latest[c], []).append(c)
+        if by_ref:
+            refs = list(by_ref)
+            self.pool.workers[w].import_states.remote([by_ref[r] for r in refs], *refs)
+
+    def _send_home(self, w: int, clients: Sequence[int], states: Any) -> list[Any]:
+        """Each home worker other than ``w`` takes its clients' memories as a batch on ``w`` left them."""
+        by_home: dict[int, list[int]] = {}
+        for c in clients:
+            if self.pool.home[c] != w:
+                by_home.setdefault(self.pool.home[c], []).append(c)
+        return [self.pool.workers[h].import_states.remote([cs], states) for h, cs in by_home.items()]
 
     def evaluate(self, rnd: int) -> EvalReport:
         payload = self.server.eval_payload.remote()

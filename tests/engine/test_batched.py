@@ -5,6 +5,7 @@ Ray give the same numbers in batched mode."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from raysim.errors import ConfigError
@@ -97,6 +98,11 @@ BATCHED = {
         "algo": "fed3p2", "algo.num_type_a": 2, "algo.num_type_b": 2, "algo.chain_sampling": "all",
         "algo.chain_steps": 1, "algo.chain_momentum": "carry",
     },  # fmt: skip
+    # pinned jobs: each client from the shared body and its own head (FedPer), or its own model
+    # (Local), kept on its home worker
+    "fedper": {},
+    "local": {},
+    "local-ce-etf": {"algo": "local", "algo.loss": "ce_etf"},
 }
 
 
@@ -110,7 +116,9 @@ def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, case)
     many = run_experiment(tiny_config(tmp_path / "many", **setup, **{"train.batch_clients": 4}))
     for a, b in zip(one.rows, many.rows, strict=True):
         assert b["samples_trained"] == a["samples_trained"] and b["client_epochs"] == a["client_epochs"]
-        assert b["gm_gtest"] == pytest.approx(a["gm_gtest"], abs=ACCURACY_TOL)
+        for m in ("gm_gtest", "lm_ptest"):
+            if a[m] is not None:
+                assert b[m] == pytest.approx(a[m], abs=ACCURACY_TOL), m
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
     assert many.rows[-1]["train_loss"] < many.rows[0]["train_loss"]  # it learns
 
@@ -155,7 +163,7 @@ def test_analyses_in_batched_mode_are_each_clients_own(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("case", ["fedavg", "fed3p2-literal"])
+@pytest.mark.parametrize("case", ["fedavg", "fed3p2-literal", "fedper"])
 def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
     setup = {
         "algo": case, "rounds": 2, "participation": 0.75, "eval.every": 1, "train.batch_clients": 3,
@@ -164,3 +172,7 @@ def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
     serial = run_experiment(tiny_config(tmp_path / "s", **setup))
     ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
     assert without_times(ray_run.rows) == without_times(serial.rows)
+    # a pinned batch runs on its first client's home worker: the others' memories went there and back
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "s" / "clients.parquet"), pd.read_parquet(tmp_path / "r" / "clients.parquet")
+    )
