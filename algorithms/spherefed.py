@@ -85,13 +85,17 @@ class FeatureMoments:
     u: np.ndarray
 
 
-def orthonormal_rows(d: int, num_classes: int, seed: int) -> np.ndarray:
-    """(C, d) rows with unit norm and zero pairwise inner products (d >= C), from ``seed``."""
+def check_rows_fit(d: int, num_classes: int) -> None:
     if d < num_classes:
         raise ConfigError(
             f"SphereFed's orthonormal classifier needs a feature size of at least the class count; "
             f"the model gives {d} features for {num_classes} classes."
         )
+
+
+def orthonormal_rows(d: int, num_classes: int, seed: int) -> np.ndarray:
+    """(C, d) rows with unit norm and zero pairwise inner products (d >= C), from ``seed``."""
+    check_rows_fit(d, num_classes)
     u, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, num_classes)))
     out: np.ndarray = u.T.astype(np.float32)
     return out
@@ -155,9 +159,7 @@ class SphereFed(FrozenHead):
             raise ConfigError(f"SphereFed's loss is 'mse' or 'ce', not {params.loss!r}.")
         if params.calib_ridge < 0:
             raise ConfigError(f"SphereFed's calib_ridge must be >= 0, not {params.calib_ridge}.")
-        d, c = MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes
-        if d < c:
-            orthonormal_rows(d, c, 0)  # raises the ConfigError
+        check_rows_fit(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)
 
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> GlobalEval:

@@ -1,7 +1,7 @@
 """FedDr+'s analyses (seed 004, Sec. 2.3 and Figs. 2-5), for any algorithm: ``eval.analyses: true``.
 
-They cost an extra forward pass over G-Test for every client trained in an evaluated round, and the
-global model's features once per evaluation, so they are off by default. At every evaluated round:
+They cost an extra forward pass over G-Test for every client trained in an evaluated round (the
+global model's features come from its evaluation pass), so they are off by default. At every evaluated round:
 
 - the global model: its accuracy on each class of G-Test (``gm_class_acc``, a list in
   metrics.parquet, ``classes/gm_acc/<c>`` in TensorBoard); and for each client, on G-Test's samples
@@ -22,7 +22,6 @@ skip it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,10 +77,10 @@ class ClassStats:
 
 
 def sample_analysis(
-    model: SplitModel, x: torch.Tensor, y: torch.Tensor, batch_size: int, forward: Callable[[Any], Any] | None = None
+    model: SplitModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sample: whether ``forward`` (default the global path) predicts y, cos(f(x), v_y) and
-    ||f(x)||, f the head's input and v_y the head's row for y; in eval mode, without gradients."""
+    """Per sample: whether the global path head(f(x)) predicts y, cos(f(x), v_y) and ||f(x)||, f the
+    head's input and v_y the head's row for y; in eval mode, without gradients."""
     import torch
     import torch.nn.functional as F
 
@@ -94,8 +93,7 @@ def sample_analysis(
         for start in range(0, x.shape[0], batch_size):
             xb, yb = x[start : start + batch_size], y[start : start + batch_size]
             f = representation(model, xb)
-            logits = model.head(f) if forward is None else forward(xb)
-            correct.append(logits.argmax(dim=1) == yb)
+            correct.append(model.head(f).argmax(dim=1) == yb)
             align.append(F.cosine_similarity(f, model.head.weight.index_select(0, yb), dim=1))
             norm.append(torch.linalg.vector_norm(f, dim=1))
     model.train(was_training)

@@ -77,13 +77,12 @@ class BatchedTrainer:
         device = self.stacks[0].device if self.stacks else torch.device("cpu")
         self.started = torch.zeros(k, dtype=torch.bool, device=device)
         if momenta is not None and any(m is not None for m in momenta):
-            bufs = [torch.zeros_like(s) for s in self.stacks]
+            self.bufs = [torch.zeros_like(s) for s in self.stacks]
             for i, m in enumerate(momenta):
                 if m is not None:
-                    for buf, t in zip(bufs, m, strict=True):
-                        buf[i] = t
+                    for buf, t in zip(self.bufs, m, strict=True):
+                        buf[i] = t  # type: ignore[index]
                     self.started[i] = True
-            self.bufs = list(bufs)
 
     def momentum(self, client: int) -> list[torch.Tensor] | None:
         """Client ``client``'s momentum buffers, one per trainable parameter (None before a step)."""
@@ -115,7 +114,6 @@ class BatchedTrainer:
         step_many = vmap(grad_and_value(loss_of))
         step_one = grad_and_value(loss_of)
         device = self.started.device
-        bufs, started = self.bufs, self.started
         loss_sum = torch.zeros(self.k, dtype=torch.float64, device=device)
         steps = [0] * self.k
         samples = [0] * self.k
@@ -139,7 +137,7 @@ class BatchedTrainer:
                     b = current[group[0]]
                     g, loss = step_one(tuple(p[0] for p in params), b[0], b[1])  # type: ignore[index]
                     grads, losses = tuple(t.unsqueeze(0) for t in g), loss.unsqueeze(0)
-                self._sgd(idx, params, grads, bufs, started, sgd)
+                self._sgd(idx, params, grads, sgd)
                 loss_sum.index_add_(0, idx, losses.detach().to(torch.float64))
                 for i in group:
                     steps[i] += 1
@@ -152,25 +150,23 @@ class BatchedTrainer:
         idx: torch.Tensor,
         params: tuple[torch.Tensor, ...],
         grads: tuple[torch.Tensor, ...],
-        bufs: list[torch.Tensor | None],
-        started: torch.Tensor,
         sgd: SGDConfig,
     ) -> None:
         """``torch.optim.SGD``'s step for the clients ``idx``: d = g + wd p; buf = d at a client's
         first step, else momentum buf + d; p -= lr buf (lr d without momentum)."""
-        first = ~started.index_select(0, idx)
+        first = ~self.started.index_select(0, idx)
         with torch.no_grad():
             for n, (stack, p, g) in enumerate(zip(self.stacks, params, grads, strict=True)):
                 d = g.add(p, alpha=sgd.weight_decay) if sgd.weight_decay != 0 else g
                 if sgd.momentum != 0:
-                    buf = bufs[n]
+                    buf = self.bufs[n]
                     if buf is None:
-                        buf = bufs[n] = torch.zeros_like(stack)
+                        buf = self.bufs[n] = torch.zeros_like(stack)
                     shape = (-1,) + (1,) * (d.dim() - 1)
                     d = torch.where(first.view(shape), d, buf.index_select(0, idx).mul(sgd.momentum).add(d))
                     buf.index_copy_(0, idx, d)
                 stack.index_copy_(0, idx, p.add(d, alpha=-sgd.lr))
-        started.index_fill_(0, idx, True)
+        self.started.index_fill_(0, idx, True)
 
 
 __all__ = ["BatchedTrainer", "why_not_batchable"]

@@ -85,7 +85,7 @@ class ClientRuntime(ClientWorkspace):
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
             res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
             res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
-            if self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd):
+            if self._analyses_due(rnd):
                 res = dataclasses.replace(res, analysis=self._local_analysis(cid))
             results.append(res)
             prev = res
@@ -97,7 +97,7 @@ class ClientRuntime(ClientWorkspace):
         one batched step each starting from its chain's payload (``continue_chain``). Returns each
         chain's results, as :meth:`run_chain` would."""
         torch.set_num_threads(self.cfg.train_threads)
-        analyse = self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
+        analyse = self._analyses_due(rnd)
         out: list[list[ClientResult]] = [[] for _ in chains]
         for pos in range(max((len(c) for c in chains), default=0)):
             active = [i for i, c in enumerate(chains) if pos < len(c)]
@@ -111,6 +111,11 @@ class ClientRuntime(ClientWorkspace):
                     res = dataclasses.replace(res, analysis=self._local_analysis(chains[i][pos]))
                 out[i].append(res)
         return out
+
+    def _analyses_due(self, rnd: int) -> bool:
+        """Whether the local models of training round ``rnd`` are analysed (``eval.analyses``, at an
+        evaluated round; not the prologue or the epilogue)."""
+        return self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
 
     def _local_analysis(self, cid: int) -> dict[str, float | None]:
         """The local model as ``cid``'s local update left it, on G-Test split by the classes
@@ -140,14 +145,16 @@ class ClientRuntime(ClientWorkspace):
         if gm is not None:
             gm.eval()
             for t in targets:
-                global_correct.append(self._correct_on(gm, getattr(self.data, t.pool), t.indices, bs))
-                if self.cfg.eval.analyses and t.pool != "train":  # alignment and norm: a second pass
+                ds = getattr(self.data, t.pool)
+                if self.cfg.eval.analyses and t.pool != "train":  # correctness, alignment and norm in one pass
                     from raysim.analysis import sample_analysis
 
-                    x, y = self.gather(getattr(self.data, t.pool), t.indices)
-                    _, align, norm = sample_analysis(gm, x, y, bs)
+                    correct, align, norm = sample_analysis(gm, *self.gather(ds, t.indices), bs)
+                    global_correct.append(correct)
                     global_align.append(align)
                     global_norm.append(norm)
+                else:
+                    global_correct.append(self._correct_on(gm, ds, t.indices, bs))
         personal: list[tuple[int, int | None]] = []
         for c in clients:
             pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
