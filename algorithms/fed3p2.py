@@ -175,9 +175,11 @@ class Fed3p2Eval:
 @register("fed3p2")
 class Fed3p2(Algorithm[Fed3p2State]):
     #: train.batch_clients: phase 1's chains train side by side, their k-th clients in one batched
-    #: step (and phase 1 without coordinators as FedAvg); phase 2's jobs are pinned to the clients'
-    #: home workers, where their personal filters and heads live, and train one by one
+    #: step (and phase 1 without coordinators as FedAvg); phase 2's clients of one Type-B group (or
+    #: all, with personal filters) train their filters and P-heads together, each from its own
+    #: (two_phase=false likewise); these jobs are pinned, and a batch runs on one home worker
     batchable = True
+    batches_pinned = True
     Config = Fed3p2Config
     has_personal_model = True
 
@@ -466,12 +468,40 @@ class Fed3p2(Algorithm[Fed3p2State]):
         return ctx.result(stats, weights=trained if shared else None)  # P-heads stay here
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
-        """Phase 1, trained together: the round's clients from W(t) without coordinators, or the
-        k-th clients of several chains, each from its chain's W^c (and momentum when it carries)."""
+        """Trained together: in phase 1 the round's clients from W(t) without coordinators, or the
+        k-th clients of several chains, each from its chain's W^c (and momentum when it carries);
+        in phase 2 one Type-B group's clients (or all, with personal filters), each from its
+        filter and P-head on the frozen extractor; with two_phase=false, each from W(t) and its
+        own P-head."""
         from raysim.context import ClientContext
+        from raysim.train import personal_cross_entropy
 
         first = payloads[0]
-        if isinstance(first, WeightsPayload) and all(p is first for p in payloads):
+        same = all(p is first for p in payloads)
+        if isinstance(first, Phase2Payload) and same:
+            starts = [self._filter(ctx, first.filter, first.group).merged(self._phead(ctx)) for ctx in ctxs]
+            ctxs[0].load(first.frozen.merged(starts[0]))
+            trained = ClientContext.train_together(
+                ctxs, ("filter", "phead"), first.lr, loss_fn=personal_cross_entropy, starts=starts
+            )
+            shared = first.group >= 0
+            out = []
+            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
+                ctx.keep(w.select(("phead",)) if shared else w)
+                out.append(ctx.result(stats, weights=w.select(("filter",)) if shared else None))
+            return out
+        if isinstance(first, JointPayload) and same:
+            starts = [first.weights.merged(self._phead(ctx)) for ctx in ctxs]
+            ctxs[0].load(starts[0])
+            trained = ClientContext.train_together(
+                ctxs, (*GLOBAL_PARTS, "phead"), first.lr, loss_fn=_joint_loss, starts=starts
+            )
+            out = []
+            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
+                ctx.keep(w.select(("phead",)))
+                out.append(ctx.result(stats, weights=w.select(GLOBAL_PARTS)))
+            return out
+        if isinstance(first, WeightsPayload) and same:
             ctxs[0].load(first.weights)
             trained = ClientContext.train_together(ctxs, GLOBAL_PARTS, first.lr)
             return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]

@@ -108,7 +108,7 @@ def class_counts(ctx: ClientContext) -> torch.Tensor:
 @register("fedetf")
 class FedETF(Algorithm[ETFState]):
     unbatchable = (
-        "its balanced loss offsets the logits by each client's own class counts."
+        "its learnable temperature is a parameter outside the model, which one batched step does not stack per client."
     )
     Config = FedETFConfig
     has_global_model = True

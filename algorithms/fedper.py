@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
-from algorithms.personal import SharedAndPersonal
+from algorithms.personal import BatchPass, SharedAndPersonal
 from raysim.errors import ConfigError
 from raysim.weights import BODY
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
-    from raysim.train import LossFn, TrainStats
+    from raysim.train import TrainStats
 
 
 class SharedBody(SharedAndPersonal):
@@ -42,10 +42,10 @@ class FedPer(SharedBody):
     def train(self, ctx: ClientContext, lr: float) -> TrainStats:
         return ctx.train((*BODY, "head"), lr)
 
-    def batch_plan(self) -> tuple[tuple[str, ...], LossFn]:
+    def batch_plan(self) -> list[BatchPass]:
         from raysim.train import cross_entropy
 
-        return (*BODY, "head"), cross_entropy
+        return [BatchPass((*BODY, "head"), cross_entropy)]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class FedRepConfig:
 
 @register("fedrep")
 class FedRep(SharedBody):
+    #: train.batch_clients: the head pass (the body the received one) then the body pass (each
+    #: client's head its own, frozen)
+    batchable = True
     Config = FedRepConfig
 
     @classmethod
@@ -67,6 +70,12 @@ class FedRep(SharedBody):
         p = self.params
         ctx.train(("head",), lr, epochs=p.head_epochs)  # the body frozen
         return ctx.train(BODY, lr, epochs=p.body_epochs)  # the head frozen
+
+    def batch_plan(self) -> list[BatchPass]:
+        from raysim.train import cross_entropy
+
+        p = self.params
+        return [BatchPass(("head",), cross_entropy, p.head_epochs), BatchPass(BODY, cross_entropy, p.body_epochs)]
 
 
 __all__ = ["FedPer", "FedRep", "FedRepConfig", "SharedBody"]

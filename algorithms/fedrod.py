@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
-from algorithms.personal import SharedAndPersonal
+from algorithms.personal import BatchPass, SharedAndPersonal
 from raysim.weights import GLOBAL_PARTS
 
 if TYPE_CHECKING:
@@ -30,26 +30,41 @@ if TYPE_CHECKING:
 class FedRoD(SharedAndPersonal):
     """The shared state: body and generic head."""
 
+    #: train.batch_clients: one pass, each client's log-prior a further input of the loss
+    batchable = True
     has_global_model = True
     shared_parts = GLOBAL_PARTS
     personal_parts = ("phead",)
 
     def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        import torch
-
-        _, y_all = ctx.train_tensors()
-        counts = torch.bincount(y_all, minlength=ctx.model.num_classes).to(torch.float32)
-        log_prior = torch.log((counts / counts.sum()).clamp(min=1e-8))
+        (log_prior,) = log_prior_of(ctx)
 
         def loss_fn(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return rod_losses(model, x, y, log_prior).sum()
+            return rod_loss(model, x, y, log_prior)
 
         return ctx.train((*GLOBAL_PARTS, "phead"), lr, loss_fn=loss_fn)
+
+    def batch_plan(self) -> list[BatchPass]:
+        return [BatchPass((*GLOBAL_PARTS, "phead"), rod_loss, inputs=log_prior_of)]
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         from raysim.features import fused_forward
 
         return fused_forward(model)
+
+
+def log_prior_of(ctx: ClientContext) -> tuple[torch.Tensor]:
+    """log p_k, the client's class frequencies (log 1e-8 for the classes it lacks)."""
+    import torch
+
+    _, y_all = ctx.train_tensors()
+    counts = torch.bincount(y_all, minlength=ctx.model.num_classes).to(torch.float32)
+    return (torch.log((counts / counts.sum()).clamp(min=1e-8)),)
+
+
+def rod_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+    """The local update's loss: the sum of :func:`rod_losses`."""
+    return rod_losses(model, x, y, log_prior).sum()
 
 
 def rod_losses(model: SplitModel, x: torch.Tensor, y: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
@@ -67,4 +82,4 @@ def rod_losses(model: SplitModel, x: torch.Tensor, y: torch.Tensor, log_prior: t
     return torch.stack([balanced, personal])
 
 
-__all__ = ["FedRoD", "rod_losses"]
+__all__ = ["FedRoD", "log_prior_of", "rod_loss", "rod_losses"]

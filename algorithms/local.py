@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
 from algorithms.feddrplus import check_etf_fits, dr_loss, etf_classifier
-from algorithms.personal import SharedAndPersonal
+from algorithms.personal import BatchPass, SharedAndPersonal
 from raysim import rng
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, dataset_info
@@ -77,10 +77,10 @@ class Local(SharedAndPersonal):
         return kept if self.params.loss == "ce" else kept.merged(self.etf_head(ctx))
 
     def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        parts, loss = self.batch_plan()
+        parts, loss = self.pass_()
         return ctx.train(parts, lr, loss_fn=loss)
 
-    def batch_plan(self) -> tuple[tuple[str, ...], LossFn]:
+    def pass_(self) -> tuple[tuple[str, ...], LossFn]:
         """ce: the whole model; ce_etf: the body, cross-entropy on the frozen ETF's logits; dr: the
         body, dot-regression."""
         from raysim.train import cross_entropy
@@ -90,6 +90,10 @@ class Local(SharedAndPersonal):
         if self.params.loss == "ce_etf":
             return BODY, cross_entropy
         return BODY, dr_loss(1.0, None)
+
+    def batch_plan(self) -> list[BatchPass]:
+        """One pass (:meth:`pass_`) of the configured epochs."""
+        return [BatchPass(*self.pass_())]
 
 
 __all__ = ["Local", "LocalConfig"]

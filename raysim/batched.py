@@ -12,7 +12,9 @@ one-by-one training up to the order of floating-point operations inside the batc
   batch is smaller (the last batch of an epoch) is stepped alone, with the same arithmetic; a
   client out of data (fewer samples than others) waits, its parameters and momentum untouched.
 - What is not trained (frozen parts, buffers) is the same for the K clients and is shared, not
-  stacked. A model whose training changes buffers (BatchNorm in train mode) cannot be batched:
+  stacked, unless the frozen parameters differ between the clients (``frozen``: e.g. FedRep's body
+  pass, each client's head its own): those are stacked too and enter the step untrained. A model
+  whose training changes buffers (BatchNorm in train mode) cannot be batched:
   :func:`why_not_batchable` says so in one sentence.
 """
 
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from raysim.models import SplitModel
+from raysim.models import SplitModel, parameters_of
 from raysim.train import Batch, LossFn, SGDConfig, set_trainable
 
 
@@ -35,8 +37,8 @@ class _Loss(nn.Module):
         self.model = model
         self.loss_fn = loss_fn
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model, x, y)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model, x, y, *inputs)
 
 
 def why_not_batchable(model: SplitModel) -> str | None:
@@ -53,8 +55,10 @@ class BatchedTrainer:
     """Trains K clients at once (:meth:`train`) from the model as it is loaded now, or from
     ``starts`` (client k's trained parameters, one tensor per trainable parameter in order, e.g.
     the previous client's in a chain); ``momenta`` likewise, the momentum buffers a client starts
-    from (None: a fresh optimizer's). Afterwards :meth:`load` puts client k's trained parameters
-    into the model and :meth:`momentum` gives its buffers."""
+    from (None: a fresh optimizer's); ``frozen``: client k's values of the untrained parameters of
+    ``frozen_parts`` (one tensor per parameter, in order), where they differ between the clients.
+    Afterwards :meth:`load` puts client k's trained parameters into the model and :meth:`momentum`
+    gives its buffers."""
 
     def __init__(
         self,
@@ -63,11 +67,18 @@ class BatchedTrainer:
         k: int,
         starts: Sequence[Sequence[torch.Tensor]] | None = None,
         momenta: Sequence[Sequence[torch.Tensor] | None] | None = None,
+        frozen_parts: Sequence[str] = (),
+        frozen: Sequence[Sequence[torch.Tensor]] | None = None,
     ) -> None:
         self.model = model
         self.params = set_trainable(model, parts)
         names = {id(p): n for n, p in model.named_parameters()}
         self.names = [f"model.{names[id(p)]}" for p in self.params]
+        if set(parts) & set(frozen_parts):
+            raise ValueError(f"parts {tuple(parts)} are trained and frozen at once ({tuple(frozen_parts)})")
+        held = parameters_of(model, frozen_parts) if frozen is not None else []
+        self.frozen_names = [f"model.{names[id(p)]}" for p in held]
+        self.frozen_stacks = [torch.stack([f[n].detach() for f in frozen]) for n in range(len(held))] if frozen else []
         if starts is None:
             self.stacks = [p.detach().unsqueeze(0).repeat(k, *([1] * p.dim())) for p in self.params]
         else:
@@ -96,19 +107,39 @@ class BatchedTrainer:
             for p, s in zip(self.params, self.stacks, strict=True):
                 p.copy_(s[client])
 
-    def train(self, batches: Sequence[Iterable[Batch]], sgd: SGDConfig, loss_fn: LossFn) -> list[tuple[float, int, int]]:
-        """Run each client's ``batches[k]`` to its end; per client (mean loss, steps, samples)."""
+    def train(
+        self,
+        batches: Sequence[Iterable[Batch]],
+        sgd: SGDConfig,
+        loss_fn: LossFn,
+        inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
+    ) -> list[tuple[float, int, int]]:
+        """Run each client's ``batches[k]`` to its end; per client (mean loss, steps, samples).
+        ``inputs[k]``: client k's own further arguments of the loss, ``loss_fn(model, x, y,
+        *inputs[k])`` (e.g. FedRoD's log-prior of its labels)."""
         from torch.func import functional_call, grad_and_value, vmap
 
+        extra = [torch.stack(list(t)) for t in zip(*inputs, strict=True)] if inputs else []
+
         module = _Loss(self.model, loss_fn)
+        per_client = set(self.frozen_names)
         fixed: dict[str, torch.Tensor] = {
-            f"model.{n}": t for n, t in self.model.named_parameters() if not t.requires_grad
+            f"model.{n}": t
+            for n, t in self.model.named_parameters()
+            if not t.requires_grad and f"model.{n}" not in per_client
         }
         fixed |= {f"model.{n}": b for n, b in self.model.named_buffers()}
-        names = self.names
+        names, frozen_names = self.names, self.frozen_names
 
-        def loss_of(params: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = functional_call(module, {**fixed, **dict(zip(names, params, strict=True))}, (x, y))
+        def loss_of(
+            params: tuple[torch.Tensor, ...],
+            held: tuple[torch.Tensor, ...],
+            more: tuple[torch.Tensor, ...],
+            x: torch.Tensor,
+            y: torch.Tensor,
+        ) -> torch.Tensor:
+            values = {**fixed, **dict(zip(frozen_names, held, strict=True)), **dict(zip(names, params, strict=True))}
+            out: torch.Tensor = functional_call(module, values, (x, y, *more))
             return out
 
         step_many = vmap(grad_and_value(loss_of))
@@ -129,13 +160,16 @@ class BatchedTrainer:
             for group in groups:
                 idx = torch.tensor(group, device=device)
                 params = tuple(s.index_select(0, idx) for s in self.stacks)
+                held = tuple(s.index_select(0, idx) for s in self.frozen_stacks)
+                more = tuple(t.index_select(0, idx) for t in extra)
                 if len(group) > 1:
                     x = torch.stack([current[i][0] for i in group])  # type: ignore[index]
                     y = torch.stack([current[i][1] for i in group])  # type: ignore[index]
-                    grads, losses = step_many(params, x, y)
+                    grads, losses = step_many(params, held, more, x, y)
                 else:
                     b = current[group[0]]
-                    g, loss = step_one(tuple(p[0] for p in params), b[0], b[1])  # type: ignore[index]
+                    one = tuple(p[0] for p in params)
+                    g, loss = step_one(one, tuple(h[0] for h in held), tuple(t[0] for t in more), b[0], b[1])  # type: ignore[index]
                     grads, losses = tuple(t.unsqueeze(0) for t in g), loss.unsqueeze(0)
                 self._sgd(idx, params, grads, sgd)
                 loss_sum.index_add_(0, idx, losses.detach().to(torch.float64))

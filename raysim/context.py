@@ -292,6 +292,8 @@ class ClientContext:
         steps: int | None = None,
         starts: Sequence[ModelWeights] | None = None,
         momenta: Sequence[ModelWeights | None] | None = None,
+        frozen: Sequence[ModelWeights] | None = None,
+        inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
         stream: str = "local",
     ) -> list[tuple[TrainStats, ModelWeights]]:
         """:meth:`train` for each of ``ctxs``' clients (one worker's), with the same loss, as one
@@ -299,8 +301,11 @@ class ClientContext:
         the ones :meth:`train` would draw (``epochs``, or ``steps``). The clients start from the
         weights loaded in their shared model now, or from ``starts[k]`` (their trained ``parts``;
         the rest as loaded), and from fresh momentum or ``momenta[k]`` (as :meth:`train`'s
-        ``momentum``). Returns each client's stats (with its momentum buffers) and trained
-        ``parts``; the model is left holding the last client's."""
+        ``momentum``). ``frozen[k]``: client k's own values of untrained parts that differ
+        between the clients (e.g. each one's personal head while its body trains); untrained parts
+        not in it are the loaded model's for every client. ``inputs[k]``: client k's further
+        arguments of the loss (``loss_fn(model, x, y, *inputs[k])``). Returns each client's stats (with its
+        momentum buffers) and trained ``parts``; the model is left holding the last client's."""
         from raysim.batched import BatchedTrainer
 
         if not ctxs:
@@ -335,8 +340,12 @@ class ClientContext:
             momenta=[parameter_views(model, m, device) if m is not None else None for m in momenta]
             if momenta is not None and sgd.momentum > 0
             else None,
+            frozen_parts=frozen[0].part_names if frozen else (),
+            frozen=[parameter_views(model, f, device) for f in frozen] if frozen else None,
         )
-        sums = trainer.train([batches(c, f, n) for c, f, n in zip(ctxs, firsts, counts, strict=True)], sgd, loss_fn)
+        sums = trainer.train(
+            [batches(c, f, n) for c, f, n in zip(ctxs, firsts, counts, strict=True)], sgd, loss_fn, inputs
+        )
         out = []
         for k, (ctx, first, n, (loss, done, samples)) in enumerate(zip(ctxs, firsts, counts, sums, strict=True)):
             ctx._cursor[stream] = first + n

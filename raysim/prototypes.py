@@ -84,6 +84,7 @@ def train_head_on_class_means(
     import torch.nn.functional as F
 
     from raysim.models import get_weights, set_weights
+    from raysim.sgd import SGD
 
     features, labels = prototype_pairs(uploads)
     if features.shape[0] == 0 or epochs == 0:
@@ -92,7 +93,7 @@ def train_head_on_class_means(
     set_weights(model, head)
     module = model.head
     module.train()
-    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    opt = SGD(module.parameters(), lr)
     x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
     y = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
     g = torch.Generator().manual_seed(seed)
@@ -100,7 +101,7 @@ def train_head_on_class_means(
         order = torch.randperm(x.shape[0], generator=g)
         for start in range(0, x.shape[0], batch_size):
             idx = order[start : start + batch_size]
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             F.cross_entropy(module(x[idx]), y[idx]).backward()
             opt.step()
     return get_weights(model, ("head",))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from raysim.models import SplitModel, parameters_of
+from raysim.sgd import SGD
 from raysim.weights import PARTS
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -99,10 +100,7 @@ def local_train(
     params = set_trainable(model, parts) + list(extra)
     if not params or epochs == 0 or max_steps == 0:
         return TrainStats(0.0, 0, 0)
-    opt = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum, weight_decay=sgd.weight_decay)
-    if momentum is not None and sgd.momentum > 0:
-        for p, buf in zip(params, momentum, strict=True):
-            opt.state[p]["momentum_buffer"] = buf.detach().clone()
+    opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay, buffers=momentum)
     total: torch.Tensor | None = None  # summed on the device: no host sync per step
     steps = samples = 0
     for epoch in range(epochs):
@@ -111,7 +109,7 @@ def local_train(
         for x, y in batches(epoch):
             if max_steps is not None and steps >= max_steps:
                 break
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss = loss_fn(model, x, y)
             loss.backward()
             if after_backward is not None:
@@ -122,9 +120,7 @@ def local_train(
             steps += 1
             samples += int(y.shape[0])
     mean = float(total) / steps if total is not None else 0.0
-    buffers = tuple(opt.state[p].get("momentum_buffer") for p in params)
-    carried = tuple(b for b in buffers if b is not None) if sgd.momentum > 0 else ()
-    return TrainStats(mean, steps, samples, carried if len(carried) == len(params) else ())
+    return TrainStats(mean, steps, samples, opt.momentum_buffers())
 
 
 def iterate_batches(

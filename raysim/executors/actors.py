@@ -78,18 +78,21 @@ class ServerActor:
     """The server actor: a :class:`~raysim.server.ServerHost` whose payloads go into the object
     store once."""
 
-    def __init__(self, cfg: ExperimentConfig, stats: ClientStats, init_weights: ModelWeights) -> None:
-        self.args = (cfg, stats, init_weights)
+    def __init__(self, cfg: ExperimentConfig, stats: ClientStats) -> None:
+        self.args = (cfg, stats)
         self._jobs: list[Job] = []
 
-    def setup(self) -> None:
+    def setup(self, init_weights: ModelWeights) -> None:
+        """``init_weights`` comes here, not to the constructor: an actor whose constructor waits for
+        an argument is not started until the argument exists, and the server's process can start
+        while the client workers set up (the weights are worker 0's, once it is set up)."""
         import ray
 
         from raysim.logs import setup_worker_logging
         from raysim.server import ServerHost
 
         setup_worker_logging()
-        self.host = ServerHost(*self.args)
+        self.host = ServerHost(*self.args, init_weights)
         ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
 
     def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:

@@ -65,9 +65,10 @@ class RayExecutor:
         # once worker 0 is set up); it needs no model, and so no PyTorch, of its own
         init_weights = self.pool.workers[0].initial_weights.remote()
         server_cls: Any = ray.remote(ServerActor)
-        self.server = server_cls.options(num_cpus=0).remote(cfg, stats, init_weights)
+        self.server = server_cls.options(num_cpus=0).remote(cfg, stats)
+        server_setup = self.server.setup.remote(init_weights)
         placed: list[tuple[str, str]] = config_errors_first(setups)
-        config_errors_first([self.server.setup.remote()])  # e.g. a model too small for FedDr+'s ETF
+        config_errors_first([server_setup])  # e.g. a model too small for FedDr+'s ETF
         self.devices = [d for d, _ in placed]  # each worker's torch device, e.g. "cuda" on a GPU share
         self.nodes = [n for _, n in placed]  # each worker's Ray node
         # the last good server state: of the last completed round (committed) and of this round so far

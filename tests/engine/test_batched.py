@@ -70,17 +70,63 @@ def test_batched_trainer_is_sgd_per_client_on_each_clients_own_batches():
         assert not got.equals(start)
 
 
-def test_batches_are_runs_of_unpinned_jobs_with_one_payload():
+def test_frozen_parts_of_each_clients_own_enter_untrained():
+    """FedRep's body pass: the body trains from one start, each client's head is its own and frozen.
+    Each client's body equals local_train's with that client's head loaded; the heads stay put."""
+    import torch
+
+    from raysim.batched import BatchedTrainer
+    from raysim.models import build_model, get_weights, parameter_views, set_weights
+    from raysim.train import SGDConfig, cross_entropy, iterate_batches, local_train
+    from raysim.weights import BODY
+
+    model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=1)
+    body = get_weights(model, BODY)
+    heads = [get_weights(build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=s), ("head",)) for s in (2, 3, 4)]
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in (40, 60, 30)]
+    sgd = SGDConfig(0.05, 0.9, 1e-3)
+
+    def batches(k):
+        return iterate_batches(*data[k], torch.arange(data[k][0].shape[0]), 20)
+
+    alone = []
+    for k in range(3):
+        set_weights(model, body.merged(heads[k]))
+        local_train(model, lambda e, k=k: batches(k), epochs=1, parts=BODY, sgd=sgd, loss_fn=cross_entropy)
+        alone.append(get_weights(model, BODY))
+    set_weights(model, body.merged(heads[0]))
+    trainer = BatchedTrainer(
+        model, BODY, 3, frozen_parts=("head",), frozen=[parameter_views(model, h) for h in heads]
+    )
+    trainer.train([batches(k) for k in range(3)], sgd, cross_entropy)
+    for k in range(3):
+        trainer.load(k)
+        got = get_weights(model, BODY)
+        for part in BODY:
+            np.testing.assert_allclose(got.part(part), alone[k].part(part), atol=WEIGHT_TOL, rtol=0)
+        assert get_weights(model, ("head",)).equals(heads[0])  # the loaded head, never trained
+    with pytest.raises(ValueError, match="trained and frozen"):
+        BatchedTrainer(model, BODY, 3, frozen_parts=("filter",), frozen=[[]] * 3)
+
+
+def test_batches_are_jobs_of_one_payload_in_plan_order():
     a, b = object(), object()
     jobs = [
         Job((0,), a), Job((1,), a), Job((2,), a), Job((3,), a),  # four of one payload: 3 + 1 at k = 3
         Job((4,), b), Job((5,), b),  # another payload
         Job((6,), b, pinned=True),  # pinned: alone
-        Job((7, 8), b),  # a chain, batched with the next job: their first clients together
+        Job((7, 8), b),  # a chain, batched with 4 and 5 past the pinned job: first clients together
         Job((9,), b),
     ]  # fmt: skip
-    assert batch_units(jobs, 3) == [[0, 1, 2], [3], [4, 5], [6], [7, 8]]
+    assert batch_units(jobs, 3) == [[0, 1, 2], [3], [4, 5, 7], [6], [8]]
     assert batch_units(jobs, 1) == [[j] for j in range(len(jobs))]
+    # pinned jobs batch when the algorithm allows it, by payload wherever they stand in the plan
+    # (Fed3+2p's phase 2: each client with its group's payload, in sampled order)
+    c, d = object(), object()
+    mixed = [Job((i,), (c, d)[i % 2], pinned=True) for i in range(7)]
+    assert batch_units(mixed, 2, pinned=True) == [[0, 2], [1, 3], [4, 6], [5]]
+    assert batch_units(mixed, 2) == [[j] for j in range(7)]
 
 
 BATCHED = {
@@ -93,7 +139,11 @@ BATCHED = {
     "spherefed": {"train.lr": 0.5},  # its calibration epilogue too
     # Fed3+2p: phase 1's chains side by side (a chain's clients each from the one before), and
     # the literal reading's one step a client with momentum carried along the chain
+    # (phase 2 from round 2: each Type-B group's clients together; with personal filters, all;
+    # two_phase=false, each from W(t) and its own P-head)
     "fed3p2": {"algo.num_type_a": 2, "algo.num_type_b": 2},
+    "fed3p2-personal-filters": {"algo": "fed3p2", "algo.num_type_a": 2, "algo.filter_shared": False},
+    "fed3p2-joint": {"algo": "fed3p2", "algo.two_phase": False},
     "fed3p2-literal": {
         "algo": "fed3p2", "algo.num_type_a": 2, "algo.num_type_b": 2, "algo.chain_sampling": "all",
         "algo.chain_steps": 1, "algo.chain_momentum": "carry",
@@ -101,6 +151,8 @@ BATCHED = {
     # pinned jobs: each client from the shared body and its own head (FedPer), or its own model
     # (Local), kept on its home worker
     "fedper": {},
+    "fedrep": {"algo.head_epochs": 2, "algo.body_epochs": 1},  # two passes, the heads per client
+    "fedrod": {},  # each client's log-prior a further input of its loss
     "local": {},
     "local-ce-etf": {"algo": "local", "algo.loss": "ce_etf"},
 }
