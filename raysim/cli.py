@@ -20,48 +20,9 @@ from typing import Any
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted
 from raysim.errors import ConfigError, RunAborted
 from raysim.experiment import resolve_config, validate
-from raysim.registry import ALGORITHMS, DATASETS, EXECUTORS, MODELS, PARTITIONS, TEST_MODES, usages
+from raysim.flags import FLAGS, help_texts
 
 log = logging.getLogger("raysim")
-
-# flag -> dotted config key
-FLAGS: dict[str, tuple[str, Any, str]] = {
-    "algo": ("algo", str, "the algorithm: {algorithms}, or package.module:Class"),
-    "model": ("model", str, "the model: {models}"),
-    "dataset": ("data.dataset", str, "the dataset: {datasets}"),
-    "data_dir": ("data.data_dir", str, "directory holding (or receiving) the dataset files"),
-    "partition": ("data.partition", str, "how the data is split over the clients: {partitions}"),
-    "test_mode": ("data.test_mode", str, "the clients' local test sets: {test_modes}"),
-    "clients": ("clients", int, "number of clients N"),
-    "participation": ("participation", float, "fraction of clients sampled per round, in (0, 1]"),
-    "rounds": ("rounds", int, "communication rounds T"),
-    "local_epochs": ("train.local_epochs", int, "local epochs E"),
-    "batch_size": ("train.batch_size", int, "local batch size B"),
-    "lr": ("train.lr", float, "initial learning rate"),
-    "threads": ("train.threads", int, "intra-op threads per training job (default: cpus per worker)"),
-    "batch_clients": (
-        "train.batch_clients",
-        int,
-        "train up to this many of a round's clients at once as one batched computation (default 1)",
-    ),
-    "seed": ("seed", int, "random seed"),
-    "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
-    "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),
-    "executor": ("ray.executor", str, "{executors}"),
-    "address": (
-        "ray.address",
-        str,
-        "Ray cluster address to join (default: RAY_ADDRESS, else local Ray; local: Ray started here)",
-    ),
-    "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
-    "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
-    "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),
-    "checkpoint_every": (
-        "output.checkpoint_every",
-        int,
-        "write RUN_DIR/checkpoint.pkl every k rounds (0: only on Ctrl-C or a failure)",
-    ),
-}
 
 #: what a resumed run may change: where and how it runs (and where its data is), and how far; not
 #: what it computes
@@ -90,21 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="go on with the stopped run in RUN_DIR from its checkpoint, to its configured rounds "
         "(only where and how it runs, and --rounds, may be changed)",
     )
-    choices = {  # read from the registries, so that a new entry shows up here
-        "algorithms": ", ".join(ALGORITHMS.names()),
-        "models": ", ".join(MODELS.names()),
-        "datasets": DATASETS.choices(),
-        "partitions": usages(PARTITIONS),
-        "test_modes": usages(TEST_MODES),
-        "executors": EXECUTORS.choices(),
-    }
-    for name, (_, typ, help_) in FLAGS.items():
+    helps = help_texts()
+    for name, (_, typ, _) in FLAGS.items():
         p.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
             type=str,
             default=None,
-            help=help_.format(**choices),
+            help=helps[name],
             metavar=typ.__name__.upper(),
         )
     p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
@@ -159,53 +113,19 @@ def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
         if not config_file.is_file():
             raise ConfigError(f"{args.resume} is not a run directory (it has no config.yaml).")
         given.append(("output.out", str(args.resume)))
-    flags: dict[str, Any] = {}
-    for key, value in given:
-        set_dotted(flags, key, value)
     if args.resume:
+        flags: dict[str, Any] = {}
+        for key, value in given:
+            set_dotted(flags, key, value)
         saved = load_config_file(Path(args.resume) / "config.yaml")
         # the saved config is already resolved: no paper setup goes beneath it again
         cfg = resolve_config(merge({**saved, "paper_setup": False}, flags))
         cfg = dataclasses.replace(cfg, paper_setup=bool(saved.get("paper_setup", True)))
-    else:
-        cfg = resolve_config(merge(load_config_file(args.config) if args.config else {}, flags))
-    validate(cfg)
-    return cfg, Path(args.resume) if args.resume else None
+        validate(cfg)
+        return cfg, Path(args.resume)
+    from raysim.api import make_config  # the Python API's settings, given as text
 
-
-class ProgressBar:
-    """A tqdm bar over rounds with the latest loss and accuracies."""
-
-    def __init__(self, done: int = 0) -> None:
-        self.bar: Any = None
-        self.done = done  # rounds done before this run (a resumed run's)
-        self.post: dict[str, str] = {}
-
-    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=cfg.rounds,
-            initial=self.done,
-            desc="rounds",
-            unit="round",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
-
-    def on_round(self, stats: Any, round_time: float) -> None:
-        self.post["loss"] = f"{stats.train_loss:.3f}"
-        self.bar.set_postfix(self.post, refresh=False)
-        self.bar.update(1)
-
-    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
-            if row.get(m) is not None:
-                self.post[m] = f"{row[m]:.4f}"
-        self.bar.set_postfix(self.post)
-
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.bar.close()
+    return make_config(args.config, set=dict(given)), None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(
                 f"The run in {cfg.output.out} has done its {cfg.rounds} rounds; give --rounds to go further."
             )
+        from raysim.output import ProgressBar
+
         callbacks = [ProgressBar(max(resume.round, 0) if resume else 0)] if cfg.output.progress else []
         result = run_experiment(cfg, callbacks, resume=resume)
     except ConfigError as e:

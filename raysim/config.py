@@ -128,6 +128,9 @@ class ExperimentConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     algo_params: Mapping[str, Any] = field(default_factory=dict)
+    #: modules (or scripts) of user code that registers what this config names, imported by every
+    #: process before it reads a registry (raysim.plugins)
+    plugins: tuple[str, ...] = ()
     #: the command line puts the algorithm's paper setup (``Algorithm.paper_setup``) beneath the
     #: settings given; false: every algorithm runs on these common defaults, for one shared setup
     paper_setup: bool = True

@@ -17,6 +17,7 @@ from typing import Any
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.errors import ConfigError
 from raysim.hooks import REG_NAMES, AlgorithmHooks, engine_params, engine_settings
+from raysim.plugins import load_plugins
 from raysim.registry import (
     ALGORITHMS,
     DATASETS,
@@ -82,6 +83,7 @@ def _check_engine_params(given: Mapping[str, Any]) -> None:
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:
+    load_plugins(cfg.plugins)  # a worker's first read of the registries (raysim.plugins)
     return algorithm_class(cfg.algo)(cfg, algorithm_params(cfg))
 
 
@@ -103,6 +105,7 @@ def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
 def validate(cfg: ExperimentConfig) -> None:
     """Raise :class:`ConfigError` with one clear sentence for the first bad setting; everything
     that can be known without the data, Ray or PyTorch."""
+    load_plugins(cfg.plugins)
     if cfg.clients < 1:
         raise ConfigError(f"The number of clients must be at least 1, not {cfg.clients}.")
     if not 0.0 < cfg.participation <= 1.0:

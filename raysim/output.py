@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,9 +112,10 @@ class TableWriter(BaseCallback):
 
 
 class TensorBoardWriter(BaseCallback):
-    """TensorBoard: ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds
-    (with ``eval.analyses``, ``analysis/*`` and ``classes/gm_acc/*`` too);
-    ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every round."""
+    """TensorBoard: the partition picture (``data/partition``) at the start; ``accuracy/*`` scalars
+    and per-client accuracy histograms at evaluated rounds (with ``eval.analyses``, ``analysis/*``
+    and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every
+    round."""
 
     def __init__(self, purge_step: int | None = None) -> None:
         self.writer: Any = None
@@ -126,6 +128,11 @@ class TensorBoardWriter(BaseCallback):
         if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes
             self.writer.purge_from(self.purge_step)
         self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
+        picture = run_dir / "partition.png"  # raysim.partition_view, drawn as the data loaded
+        if picture.is_file():
+            from raysim.partition_view import read_picture
+
+            self.writer.add_image("data/partition", read_picture(picture), 0)
 
     def on_round(self, stats: RoundStats, round_time: float) -> None:
         w, r = self.writer, stats.rnd
@@ -166,3 +173,38 @@ class TensorBoardWriter(BaseCallback):
 
     def on_end(self, summary: dict[str, Any]) -> None:
         self.writer.close()
+
+
+class ProgressBar:
+    """A tqdm bar over rounds with the latest loss and accuracies."""
+
+    def __init__(self, done: int = 0) -> None:
+        self.bar: Any = None
+        self.done = done  # rounds done before this run (a resumed run's)
+        self.post: dict[str, str] = {}
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=cfg.rounds,
+            initial=self.done,
+            desc="rounds",
+            unit="round",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+
+    def on_round(self, stats: Any, round_time: float) -> None:
+        self.post["loss"] = f"{stats.train_loss:.3f}"
+        self.bar.set_postfix(self.post, refresh=False)
+        self.bar.update(1)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
+            if row.get(m) is not None:
+                self.post[m] = f"{row[m]:.4f}"
+        self.bar.set_postfix(self.post)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.bar.close()

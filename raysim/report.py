@@ -286,12 +286,18 @@ def write_report(
         plot_loss(runs, png)
         pngs.append(png)
     links = " ".join(f"![{p.stem}]({Path(os.path.relpath(p, out)).as_posix()})" for p in pngs)
+    # each run's data picture (raysim.partition_view), as the run drew it at its start
+    pictures = [(r.label, r.path / "partition.png") for r in runs if (r.path / "partition.png").is_file()]
+    partitions = "".join(
+        f"\n{_md(label)}:\n\n![partition]({Path(os.path.relpath(png, out)).as_posix()})\n" for label, png in pictures
+    )
     text = (
         "# raysim run comparison\n\n"
         "Accuracies in %: the best value (with the round it was reached), the value at the last "
         "evaluated round, and the mean over the last k evaluations (the run's eval.last_k).\n\n"
         + comparison_table(runs, present)
         + ("\n" + links + "\n" if links else "")
+        + ("\n## Partitions\n\nEach client's training-label counts (a column per client, a row per class).\n" + partitions if pictures else "")
     )
     report = out / REPORT_NAME
     report.write_text(text)

@@ -128,14 +128,40 @@ def prepare(cfg: ExperimentConfig) -> FederatedData:
     return build_federated_data(cfg.data, cfg.clients, cfg.seed)
 
 
-def start(cfg: ExperimentConfig, data: FederatedData | None = None) -> Executor:
+def start(
+    cfg: ExperimentConfig,
+    data: FederatedData | None = None,
+    on_data: Callable[[FederatedData], None] | None = None,
+) -> Executor:
     """The configured executor, running, on ``data`` (or on the data ``cfg`` names, loaded while
-    the executor starts its cluster)."""
+    the executor starts its cluster). ``on_data(data)`` runs once the data is there, beside the
+    cluster's start (e.g. the run's partition picture)."""
     validate(cfg)
     executor_cls = load_ref(EXECUTORS.get(cfg.ray.executor).cls)
-    load = (lambda: data) if data is not None else (lambda: build_federated_data(cfg.data, cfg.clients, cfg.seed))
+
+    def load() -> FederatedData:
+        loaded = data if data is not None else build_federated_data(cfg.data, cfg.clients, cfg.seed)
+        if on_data is not None:
+            on_data(loaded)
+        return loaded
+
     executor: Executor = executor_cls.start(cfg, load)
     return executor
+
+
+def picture_partition(cfg: ExperimentConfig, run_dir: Path) -> Callable[[FederatedData], None]:
+    """``on_data`` writing the run's partition picture and table (:mod:`raysim.partition_view`); a
+    failure to draw is a warning, not the run's end."""
+
+    def draw(data: FederatedData) -> None:
+        from raysim.partition_view import write_partition
+
+        try:
+            write_partition(data, run_dir, cfg.data.partition, cfg.data.dataset)
+        except Exception as e:  # e.g. an unwritable directory: the run goes on without its picture
+            log.warning("the partition picture was not written (%s)", e)
+
+    return draw
 
 
 def run_experiment(
@@ -151,8 +177,8 @@ def run_experiment(
     t0 = time.perf_counter()
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
-    executor = start(cfg, data)
     run_dir = default_run_dir(cfg)
+    executor = start(cfg, data, picture_partition(cfg, run_dir))
     rows: list[dict[str, Any]] = list(resume.rows) if resume else []
     all_client_rows: list[dict[str, Any]] = list(resume.client_rows) if resume else []
     writers: list[Callback] = [TableWriter(rows, all_client_rows)]

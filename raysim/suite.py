@@ -109,7 +109,7 @@ class Trial:
 def setting_key(name: str) -> str:
     """A setting as a dotted config key: ``train.lr`` stays, a flag's name (``rounds``,
     ``local_epochs``, ``dataset``) becomes its key."""
-    from raysim.cli import FLAGS
+    from raysim.flags import FLAGS
 
     if "." in name or name in {f.name for f in dataclasses.fields(ExperimentConfig)}:
         return name

@@ -37,10 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from raysim.cli import FLAGS
-    from raysim.cli import build_parser as run_parser
+    from raysim.flags import FLAGS, help_texts
 
-    run_help = {a.dest: a.help for a in run_parser()._actions}
+    run_help = help_texts()
     p = _Parser(prog="sweep.py", description="Run a suite of raysim experiments on Ray Tune.")
     p.add_argument("suite_file", nargs="?", help="a suite file (YAML or TOML): base, configs, grid, seeds")
     p.add_argument("--resume", metavar="SUITE_DIR", help="finish the interrupted suite in SUITE_DIR")
@@ -82,7 +81,7 @@ def _split(text: str) -> list[str]:
 
 def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Namespace]:
     """The suite the command line asks for and, with ``--resume``, its directory."""
-    from raysim.cli import FLAGS
+    from raysim.flags import FLAGS
     from raysim.suite import (
         _RANGE,
         SearchSpec,
@@ -168,24 +167,36 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
     )
 
 
+def suite_dir_of(suite: Any, resume_dir: Path | None, args: argparse.Namespace) -> Path:
+    """Where the suite's directory is: the resumed one, ``--out``, or runs/suite-NAME-TIME."""
+    return resume_dir or Path(args.out or f"runs/suite-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_from_args(suite: Any, resume_dir: Path | None, args: argparse.Namespace, suite_dir: Path) -> dict[str, Any]:
+    """Run (or finish) the suite the command line gave in ``suite_dir``; its summary
+    (raysim.suite.run_suite)."""
+    from raysim.suite import run_suite
+
+    return run_suite(
+        suite,
+        suite_dir,
+        resume=resume_dir is not None,
+        address=args.address,
+        progress=not args.no_progress,
+        max_concurrent=args.max_concurrent,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from raysim.logs import setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
+    suite_dir: Path | str = "the suite directory"
     try:
         suite, resume_dir, args = suite_from_args(argv)
-        from raysim.suite import run_suite
-
-        suite_dir = resume_dir or Path(args.out or f"runs/suite-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        summary = run_suite(
-            suite,
-            suite_dir,
-            resume=resume_dir is not None,
-            address=args.address,
-            progress=not args.no_progress,
-            max_concurrent=args.max_concurrent,
-        )
+        suite_dir = suite_dir_of(suite, resume_dir, args)
+        summary = run_from_args(suite, resume_dir, args, suite_dir)
     except ConfigError as e:
         print(f"raysim: error: {e}", file=sys.stderr)
         return 2
@@ -215,4 +226,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["build_parser", "main", "suite_from_args"]
+__all__ = ["build_parser", "main", "run_from_args", "suite_dir_of", "suite_from_args"]

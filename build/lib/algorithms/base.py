@@ -1,0 +1,305 @@
+"""The base class of every algorithm, with the hooks' defaults, and its registration.
+
+An algorithm is one registered class (``@register("fedavg")``) with a frozen ``Config`` dataclass and
+hooks on both sides (DESIGN.md, "Algorithm hooks"; the engine's view of them is
+:class:`raysim.hooks.AlgorithmHooks`):
+
+server side (run inside the server actor)
+    ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
+    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
+client side (run inside a client worker)
+    ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
+    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``
+
+The runner owns the only loop over rounds and clients; an algorithm never writes one. What travels
+(``Job``, ``ClientResult``, ``WeightsPayload``, ...) is in :mod:`raysim.wire`; what a client keeps is
+read and written through its :class:`raysim.context.ClientContext`.
+
+Algorithm modules import PyTorch inside their client-side code, not at module level: the driver
+imports the registry to read an algorithm's config and flags, and stays free of PyTorch (which
+costs each process about 0.3 GB and 1.5 s). ``tests/engine/test_thin_driver.py`` checks this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from raysim.config import ExperimentConfig
+from raysim.hooks import engine_settings
+from raysim.registry import ALGORITHMS, DatasetInfo
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import LossFn
+
+StateT = TypeVar("StateT")
+
+
+class Algorithm(Generic[StateT]):
+    """Base class of every algorithm; see the module docstring for the hooks."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoConfig
+    #: which metrics apply (the others are reported as null)
+    has_global_model: ClassVar[bool] = True
+    has_personal_model: ClassVar[bool] = False
+    #: run a round 0 over every client before round 1 (``plan`` and ``aggregate`` get ``rnd=0``),
+    #: e.g. FedFCD's first upload of class prototypes; it is not a training round and is not logged
+    prologue: ClassVar[bool] = False
+    #: run a pass over every client after the last round's training and before its evaluation
+    #: (``plan`` and ``aggregate`` get ``rnd = rounds + 1``), e.g. SphereFed's calibration
+    #: statistics of the final global model; it is not logged as a round, its compute is counted
+    epilogue: ClassVar[bool] = False
+    #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
+    aliases: ClassVar[dict[str, str]] = {}
+    #: "-FT" personalisation (FedBABU's and FedDr+'s, and the "-FT" rows of FedDr+'s Table 3 for any
+    #: method with a global model): with ``algo.ft_epochs`` > 0, after the last round each client
+    #: fine-tunes the final global model (:meth:`ft_weights`) on its own training data, its
+    #: ``ft_parts`` with :meth:`ft_loss`, for ``ft_epochs`` at ``algo.ft_lr`` (default the initial
+    #: rate), on its own random stream; ``lm_ptest`` at the last round reports these models. Nothing
+    #: the client or the server keeps changes: the global model is untouched.
+    fine_tunes: ClassVar[bool] = False
+    #: ``ft_epochs`` when not given (None: the local epochs E; 0: no fine-tuning)
+    ft_default_epochs: ClassVar[int | None] = 0
+    ft_parts: ClassVar[tuple[str, ...]] = GLOBAL_PARTS
+    #: added regularisers (FedDr+'s Table 1: ``algo.regularizers=[prox|kd|ntd|ld|fd]``,
+    #: :mod:`raysim.distill`): the local loss becomes reg_beta * its own + (1 - reg_beta) * the
+    #: terms against the received global model (``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4,
+    #: ``algo.reg_tau`` 3 for kd and ntd); the algorithm wraps its loss with :meth:`regularized`
+    regularizable: ClassVar[bool] = False
+    #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
+    #: (:meth:`batch_update`, :mod:`raysim.batched`); else the sentence that says why not
+    batchable: ClassVar[bool] = False
+    #: whether jobs pinned to home workers are batched too (their clients' memories then move to
+    #: the batch's worker and back); else they train one by one on their homes
+    batches_pinned: ClassVar[bool] = False
+    unbatchable: ClassVar[str] = (
+        "its local update is not one pass of supervised training from the received model with a "
+        "loss the same for every client."
+    )
+
+    def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
+        self.cfg = cfg
+        self.params = params
+
+    # ---- shared helpers
+    def lr(self, rnd: int) -> float:
+        """The round's learning rate: lr * lr_decay^(rnd-1), times lr_gamma for each milestone
+        (a fraction of the rounds) already passed."""
+        t = self.cfg.train
+        rate = t.lr * t.lr_decay ** (rnd - 1)
+        for m in t.lr_milestones:
+            if rnd > m * self.cfg.rounds:
+                rate *= t.lr_gamma
+        return rate
+
+    def round_scalars(self, state: StateT, rnd: int) -> dict[str, float]:
+        """Extra scalars after round ``rnd`` for TensorBoard and metrics.parquet (a phase, an
+        objective)."""
+        return {}
+
+    def round_texts(self, state: StateT, rnd: int) -> dict[str, str]:
+        """Text for TensorBoard after round ``rnd`` (a grouping, when it is made)."""
+        return {}
+
+    def round_images(self, state: StateT, rnd: int) -> dict[str, np.ndarray]:
+        """Pictures for TensorBoard after an evaluated round ``rnd`` (uint8, (H, W) or (H, W, 3)),
+        e.g. FedPAC's combination weights."""
+        return {}
+
+    def wants_validation(self, state: StateT, rnd: int) -> bool:
+        """Whether, after round ``rnd``, the global model should be evaluated on the clients'
+        validation parts (``data.val_fraction``); the accuracy comes back to
+        :meth:`observe_validation`."""
+        return False
+
+    def observe_validation(self, state: StateT, rnd: int, accuracy: float) -> StateT:
+        """The global model's accuracy on the validation parts after round ``rnd``."""
+        return state
+
+    @classmethod
+    def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
+        """Dotted settings that reproduce the algorithm's paper on ``dataset`` (e.g.
+        ``{"participation": 0.2, "train.lr": 0.01}``), chosen by what the dataset is (its shape and
+        class count), so a new dataset gets the setup of the paper's dataset most like it; put
+        beneath the user's settings unless ``paper_setup`` is false."""
+        return {}
+
+    @staticmethod
+    def adapt_model(model: SplitModel) -> SplitModel:
+        """The model as this algorithm uses it, built from the run's registered model: e.g.
+        SphereFed's features normalised onto the hypersphere, FedETF's projection layer. Called
+        wherever the run builds its model (every worker, the server, fresh parts), inside the
+        seeded generator of that build, so new layers are initialised the same everywhere; it may
+        change the parts' modules but not their names. Default: the model as registered."""
+        return model
+
+    @classmethod
+    def ft_setting(cls, cfg: ExperimentConfig) -> tuple[int, float]:
+        """(epochs, rate) of "-FT" fine-tuning: ``algo.ft_epochs`` (default ``ft_default_epochs``)
+        and ``algo.ft_lr`` (default the initial learning rate)."""
+        p = engine_settings(cfg.algo_params)
+        epochs = cls.ft_default_epochs if "ft_epochs" not in cfg.algo_params else p.ft_epochs
+        return (
+            cfg.train.local_epochs if epochs is None else epochs,
+            cfg.train.lr if p.ft_lr is None else p.ft_lr,
+        )
+
+    @classmethod
+    def reg_setting(cls, cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
+        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
+        p = engine_settings(cfg.algo_params)
+        return p.regularizers, p.reg_beta, p.reg_tau
+
+    @classmethod
+    def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
+        """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
+        own, or its fine-tuned global model."""
+        return cls.has_personal_model or (cls.fine_tunes and cls.ft_setting(cfg)[0] > 0)
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig, params: Any) -> None:
+        """Raise ConfigError for settings this algorithm cannot run with (e.g. more coordinators
+        than clients). Called in the driver before any work."""
+
+    # ---- server side
+    def init(self, ctx: ServerContext) -> StateT:
+        raise NotImplementedError
+
+    def plan(self, state: StateT, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        raise NotImplementedError
+
+    def aggregate(self, state: StateT, rnd: int, results: Sequence[JobResult]) -> StateT:
+        raise NotImplementedError
+
+    def eval_payload(self, state: StateT) -> Any:
+        """What the workers need to evaluate (the global weights, usually)."""
+        return None
+
+    # ---- client side
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        raise NotImplementedError
+
+    def batch_from_payload(
+        self,
+        ctxs: Sequence[ClientContext],
+        payloads: Sequence[Any],
+        parts: tuple[str, ...],
+        objective: Callable[[ClientContext, Any], LossFn],
+    ) -> list[ClientResult]:
+        """The common :meth:`batch_update`: every client loads ``payloads``' one ``WeightsPayload``
+        and trains ``parts`` with ``objective(ctx, payload)`` (made once, with the received weights
+        loaded; the run's regularisers added) and uploads them; other payloads run one by one."""
+        from raysim.context import ClientContext
+
+        payload = payloads[0]
+        if any(p is not payload for p in payloads):
+            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
+        first = ctxs[0]
+        first.load(payload.weights)
+        loss = self.regularized(first, payload.weights, parts, objective(first, payload))
+        trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
+        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
+        """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together
+        (a ``batchable`` algorithm's, with :meth:`raysim.context.ClientContext.train_together`).
+        The payloads are one object for a round's single-client jobs; in chains, the k-th
+        clients' payloads follow from their chains' previous clients (:meth:`continue_chain`)."""
+        raise NotImplementedError(f"{self.name} does not train clients batched")
+
+    def continue_chain(self, payload: Any, prev: ClientResult) -> Any:
+        """The payload of the next client in a chain: by default, the first payload with the
+        weights replaced by the previous client's upload."""
+        if prev.weights is None or not hasattr(payload, "weights"):
+            raise NotImplementedError(f"{self.name} does not support chain jobs")
+        return dataclasses.replace(payload, weights=payload.weights.merged(prev.weights))
+
+    def global_model(self, model: SplitModel, eval_payload: Any) -> SplitModel | None:
+        """Load the global model into ``model`` (return it), or None when there is none. By
+        default an algorithm with a global model sends its weights (``ModelWeights``) as the
+        evaluation payload."""
+        from raysim.models import set_weights
+
+        if not self.has_global_model:
+            return None
+        set_weights(model, eval_payload)
+        return model
+
+    def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
+        """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
+        By default: "-FT", the final global model fine-tuned (see ``fine_tunes``)."""
+        if not self.fine_tunes:
+            return None
+        epochs, lr = self.ft_setting(self.cfg)
+        if epochs == 0 or ctx.rnd < self.cfg.rounds:
+            return None
+        weights = self.ft_weights(eval_payload)
+        loss_fn = self.ft_loss(ctx, weights)
+        ctx.load(weights)
+        ctx.train(self.ft_parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
+        return ctx.model
+
+    def regularized(
+        self, ctx: ClientContext, received: ModelWeights, parts: tuple[str, ...], loss_fn: LossFn
+    ) -> LossFn:
+        """``loss_fn`` with the run's added regularisers against ``received`` (the global model the
+        client started from, already loaded in ``ctx.model``), ``parts`` being what trains; the
+        loss itself when there are none."""
+        names, beta, tau = self.reg_setting(self.cfg)
+        if not names:
+            return loss_fn
+        from raysim.distill import RegContext, regularized
+        from raysim.train import proximal_anchor
+
+        rc = RegContext(self.teacher(ctx, received), proximal_anchor(ctx.model, parts), parts, tau)
+        return regularized(loss_fn, names, beta, rc)
+
+    def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
+        """``weights`` (the received global model) in the worker's "teacher" scratch model, frozen in
+        eval mode: what distillation terms compare with (FedDr+'s L_FD, FedNTD, the regularisers)."""
+        from raysim.models import set_weights
+
+        t = ctx.scratch_model("teacher")
+        set_weights(t, weights)
+        t.eval()
+        return t
+
+    def ft_weights(self, eval_payload: Any) -> ModelWeights:
+        """The global model that "-FT" fine-tunes (by default the evaluation payload itself)."""
+        weights: ModelWeights = eval_payload
+        return weights
+
+    def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
+        """The loss of "-FT" fine-tuning (cross-entropy on the global path by default); made
+        before ``weights`` are loaded into ``ctx.model``."""
+        from raysim.train import cross_entropy
+
+        return cross_entropy
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+        """The forward function (inputs to class scores) a personal model predicts with (default:
+        the global path); e.g. fused logits, or distances to prototypes from ``eval_payload``."""
+        return model
+
+
+def register(name: str) -> Any:
+    """``@register("fedavg")``: the class becomes the algorithm ``name`` in
+    :data:`raysim.registry.ALGORITHMS`."""
+
+    def deco(cls: type[Algorithm[Any]]) -> type[Algorithm[Any]]:
+        cls.name = name
+        ALGORITHMS.register(name, cls)
+        return cls
+
+    return deco
+
+
+__all__ = ["Algorithm", "register"]

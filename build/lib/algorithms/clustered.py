@@ -1,0 +1,177 @@
+"""The clustered-FL family's shared server side: the clients are split into clusters, each cluster
+has a model of its own, and FedAvg runs inside every cluster. CFL (clusters split while training),
+PACFL and FedClust (clusters formed once, before training) are this base with their own way of
+forming the clusters.
+
+- Round r: a sampled client receives its cluster's model, trains it for E epochs (FedAvg's local
+  update) and uploads it; each cluster's model becomes the training-set-size weighted mean of its
+  participants' uploads (a cluster without participants keeps its model).
+- A client's personalised model (LM on its P-Test) is its cluster's model. No single global model
+  (``gm_*`` null), as the Fed3+2p paper's Table 1 reports these methods.
+- TensorBoard and metrics.parquet: ``clusters`` (how many), ``cluster_size_max`` and
+  ``cluster_size_min`` every round; the membership and sizes as text at round 1 and at every round
+  the clusters change (computed on the server actor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import Algorithm
+from algorithms.fedavg import train_global_parts
+from raysim.aggregate import weighted_mean
+from raysim.clustering import Clusters, agglomerative, assignment, describe
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    clusters: Clusters  # each cluster's clients, sorted; clusters ordered by their first client
+    models: tuple[ModelWeights, ...]  # one per cluster
+    formed: int = 0  # the round the clusters last changed (0: before round 1)
+    #: the algorithm's own per-round scalars (CFL's update norms)
+    scalars: tuple[tuple[str, float], ...] = ()
+    #: the algorithm's own state (CFL's updates since the clusters formed)
+    extra: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class ClusterEval:
+    cluster_of: tuple[int, ...]  # each client's cluster
+    models: tuple[ModelWeights, ...]
+
+
+class ClusteredFL(Algorithm[ClusterState]):
+    """A model per cluster, FedAvg inside each; subclasses form the clusters."""
+    unbatchable = (
+        "its clients start from their own cluster's model, so a round's clients do not share one "
+        "payload."
+    )
+
+    has_global_model = False
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> ClusterState:
+        self._init = ctx.init_weights.select(GLOBAL_PARTS)
+        return ClusterState((tuple(range(self.cfg.clients)),), (self._init,))
+
+    def initial_models(self, clusters: Clusters) -> tuple[ModelWeights, ...]:
+        """Every cluster starting from the seeded initial model."""
+        return (self._init,) * len(clusters)
+
+    def plan(self, state: ClusterState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        of = assignment(state.clusters, self.cfg.clients)
+        lr = self.lr(rnd)
+        return [Job((c,), WeightsPayload(state.models[of[c]], lr)) for c in sampled]
+
+    def cluster_means(
+        self, clusters: Clusters, models: Sequence[ModelWeights], results: Sequence[JobResult]
+    ) -> tuple[ModelWeights, ...]:
+        """Each cluster's model: the weighted mean of its participants' uploads, else unchanged."""
+        of = assignment(clusters, self.cfg.clients)
+        uploads: dict[int, list[ClientResult]] = {}
+        for jr in results:
+            uploads.setdefault(int(of[jr.final.client]), []).append(jr.final)
+        out = []
+        for k, model in enumerate(models):
+            mine = [r for r in uploads.get(k, []) if r.weights is not None]
+            out.append(
+                weighted_mean(
+                    [r.weights for r in mine if r.weights is not None], [r.num_samples for r in mine]
+                )
+                if mine
+                else model
+            )
+        return tuple(out)
+
+    def aggregate(self, state: ClusterState, rnd: int, results: Sequence[JobResult]) -> ClusterState:
+        return ClusterState(
+            state.clusters,
+            self.cluster_means(state.clusters, state.models, results),
+            state.formed,
+            (),
+            state.extra,
+        )
+
+    def eval_payload(self, state: ClusterState) -> ClusterEval:
+        of = assignment(state.clusters, self.cfg.clients)
+        return ClusterEval(tuple(int(k) for k in of), state.models)
+
+    def round_scalars(self, state: ClusterState, rnd: int) -> dict[str, float]:
+        sizes = [len(c) for c in state.clusters]
+        return {
+            "clusters": float(len(sizes)),
+            "cluster_size_max": float(max(sizes)),
+            "cluster_size_min": float(min(sizes)),
+            **dict(state.scalars),
+        }
+
+    def round_texts(self, state: ClusterState, rnd: int) -> dict[str, str]:
+        return {"clusters": describe(state.clusters)} if rnd == max(state.formed, 1) else {}
+
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        return train_global_parts(ctx, payload)
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ClusterEval) -> SplitModel:
+        ctx.load(eval_payload.models[eval_payload.cluster_of[ctx.cid]])
+        return ctx.model
+
+
+class OneShotClustered(ClusteredFL):
+    """Clusters formed once, before round 1 (PACFL, FedClust): in the prologue (round 0) every
+    client answers :meth:`prologue_payload` with :meth:`prologue_update` (its upload in
+    ``ClientResult.extra``); the server makes a distance matrix of the uploads (:meth:`distances`)
+    and clusters it hierarchically with the config's ``linkage``, merging within ``threshold`` (or
+    down to ``num_clusters`` when that is positive). Every cluster starts from the initial model."""
+
+    prologue = True
+
+    def prologue_payload(self, state: ClusterState) -> Any:
+        raise NotImplementedError
+
+    def prologue_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        raise NotImplementedError
+
+    def distances(self, uploads: Sequence[Any]) -> np.ndarray:
+        raise NotImplementedError
+
+    def plan(self, state: ClusterState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        if rnd == 0:
+            payload = self.prologue_payload(state)
+            return [Job((c,), payload) for c in sampled]
+        return super().plan(state, rnd, sampled)
+
+    def aggregate(self, state: ClusterState, rnd: int, results: Sequence[JobResult]) -> ClusterState:
+        if rnd > 0:
+            return super().aggregate(state, rnd, results)
+        uploads: list[Any] = [None] * self.cfg.clients
+        for jr in results:
+            uploads[jr.final.client] = jr.final.extra
+        missing = [i for i, u in enumerate(uploads) if u is None]
+        if missing:
+            raise ValueError(f"clients {missing} sent nothing before round 1")
+        p = self.params
+        clusters = agglomerative(
+            self.distances(uploads),
+            threshold=None if p.num_clusters else p.threshold,
+            num_clusters=p.num_clusters or None,
+            linkage=p.linkage,
+        )
+        return ClusterState(clusters, self.initial_models(clusters))
+
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        if ctx.rnd == 0:
+            return self.prologue_update(ctx, payload)
+        return super().local_update(ctx, payload)
+
+
+__all__ = ["ClusterEval", "ClusterState", "ClusteredFL", "OneShotClustered"]

@@ -1,0 +1,72 @@
+"""Ditto ("Ditto: Fair and Robust Federated Learning Through Personalization", Li et al., ICML 2021),
+a baseline of Fed3+2p and FedDr+.
+
+- The global model w (``extractor``, ``filter``, ``head``) is trained as in FedAvg: each sampled
+  client trains it for E epochs from the received weights and the server averages by data size.
+- Each client also keeps a personal model v_k on its home worker, trained in the same round for
+  ``personal_epochs`` (default E) on CE + lambda/2 ||v_k - w||^2 with w the received global model.
+- GM = w; LM of client k = v_k (the initial model until it is first sampled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from algorithms.base import register
+from algorithms.fedavg import AveragedWeights
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, WeightsPayload
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class DittoConfig:
+    lam: float = 0.1  # lambda of the proximal pull (``algo.lambda``)
+    personal_epochs: int | None = None  # None: the local epochs E
+
+
+@register("ditto")
+class Ditto(AveragedWeights):
+    Config = DittoConfig
+    has_global_model = True
+    has_personal_model = True
+    pinned = True  # v_k lives on k's home worker
+
+    @classmethod
+    def check(cls, cfg: Any, params: DittoConfig) -> None:
+        if params.lam < 0:
+            raise ConfigError(f"Ditto's lambda must be >= 0, not {params.lam}.")
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+
+        # the global model w, as in FedAvg
+        ctx.load(payload.weights)
+        anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)
+        stats = ctx.train(GLOBAL_PARTS, payload.lr)
+        upload = ctx.weights(GLOBAL_PARTS)
+        lam = self.params.lam
+
+        def personal_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + lam / 2 * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        # the personal model v_k, pulled towards the received w (the next epochs of the stream)
+        ctx.load(ctx.kept(GLOBAL_PARTS))
+        epochs = self.params.personal_epochs
+        ctx.train(GLOBAL_PARTS, payload.lr, epochs=epochs, loss_fn=personal_loss)
+        ctx.keep(ctx.weights(GLOBAL_PARTS))
+        return ctx.result(stats, weights=upload)
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(ctx.kept(GLOBAL_PARTS))
+        return ctx.model
+
+
+__all__ = ["Ditto", "DittoConfig"]

@@ -1,0 +1,135 @@
+"""FedAMP ("Personalized Cross-Silo Federated Learning on Non-IID Data", Huang et al., AAAI 2021,
+Algorithm 1), a baseline of FedFCD's Table 1: attentive message passing between personalised models.
+
+- Every client i has a personalised model w_i (on its home worker; the server keeps the latest one
+  each client uploaded). For a sampled client the server builds its cloud model
+  u_i = xi_ii w_i + sum_{j != i} xi_ij w_j over the clients with a model (Eq. 7), with
+  xi_ij = alpha_k A'(||w_i - w_j||^2) for j != i and xi_ii = 1 - sum_{j != i} xi_ij, where
+  A(x) = 1 - exp(-x / sigma) and so A'(x) = exp(-x / sigma) / sigma (Sec. 4's attention-inducing
+  function): the nearer w_j is to w_i, the more weight it gets. Where alpha_k sum_j A' exceeds 1,
+  the weights are scaled to sum to 1 (xi_ii = 0), so that xi_i is always a distribution (the paper
+  asks alpha_k small enough for it).
+- Client i trains w_i for E epochs on CE + lambda / (2 alpha_k) ||w_i - u_i||^2 (Eq. 8) and uploads it.
+- A client not yet sampled has the initial model. LM = w_i; no global model (``gm_*`` null). As
+  PFLlib's ``serveramp`` does, with the paper's squared norm.
+- TensorBoard: the round's attention matrix (a row per sampled client) as a heat map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from algorithms.base import Algorithm, register
+from raysim.aggregate import weighted_mean
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class FedAMPConfig:
+    #: alpha_k, sigma and lambda: choices of the paper's order (it tunes them per dataset); sigma is
+    #: on the scale of the squared distances between models, which grow with the model's size
+    alpha_k: float = 1e3
+    sigma: float = 1e5
+    lam: float = 1.0  # lambda (``algo.lambda``)
+
+    def __post_init__(self) -> None:
+        if self.alpha_k <= 0 or self.sigma <= 0 or self.lam < 0:
+            raise ConfigError("FedAMP's alpha_k and sigma must be positive and lambda at least 0.")
+
+
+@dataclass(frozen=True)
+class AMPPayload:
+    cloud: ModelWeights  # u_i
+    lr: float
+
+
+@dataclass(frozen=True)
+class AMPState:
+    models: tuple[ModelWeights | None, ...]  # each client's latest w_j (None: none yet)
+    attention: np.ndarray  # (K, N): the last round's xi rows of its sampled clients
+    sampled: tuple[int, ...]
+
+
+def attention(models: Sequence[ModelWeights | None], i: int, alpha_k: float, sigma: float) -> np.ndarray:
+    """xi_i over all clients (zero for those without a model): alpha_k A'(||w_i - w_j||^2) for the
+    others, the rest on i; a distribution."""
+    flat = [np.concatenate([a.astype(np.float64) for _, a in m.items()]) if m is not None else None for m in models]
+    wi = flat[i]
+    xi = np.zeros(len(models))
+    if wi is None:
+        return xi
+    for j, wj in enumerate(flat):
+        if j != i and wj is not None:
+            d = float(np.sum((wi - wj) ** 2))
+            xi[j] = alpha_k * np.exp(-d / sigma) / sigma
+    total = xi.sum()
+    if total > 1.0:
+        xi /= total
+    xi[i] = 1.0 - xi.sum()
+    return xi
+
+
+@register("fedamp")
+class FedAMP(Algorithm[AMPState]):
+    Config = FedAMPConfig
+    has_global_model = False
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> AMPState:
+        self._init = ctx.init_weights.select(GLOBAL_PARTS)
+        return AMPState((None,) * self.cfg.clients, np.zeros((0, self.cfg.clients)), ())
+
+    def plan(self, state: AMPState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        models = [m if m is not None else self._init for m in state.models]
+        jobs = []
+        for i in sampled:
+            xi = attention(state.models, i, self.params.alpha_k, self.params.sigma)
+            cloud = models[i] if xi.sum() == 0 else weighted_mean([models[j] for j in np.flatnonzero(xi)], xi[xi > 0].tolist())
+            jobs.append(Job((i,), AMPPayload(cloud, self.lr(rnd)), pinned=True))
+        return jobs
+
+    def aggregate(self, state: AMPState, rnd: int, results: Sequence[JobResult]) -> AMPState:
+        rows = np.stack([attention(state.models, jr.final.client, self.params.alpha_k, self.params.sigma) for jr in results])
+        models = list(state.models)
+        for jr in results:
+            models[jr.final.client] = jr.final.weights
+        return AMPState(tuple(models), rows, tuple(jr.final.client for jr in results))
+
+    def round_images(self, state: AMPState, rnd: int) -> dict[str, np.ndarray]:
+        from raysim.tensorboard import heat_map
+
+        return {"attention": heat_map(state.attention)} if state.attention.size else {}
+
+    def local_update(self, ctx: ClientContext, payload: AMPPayload) -> ClientResult:
+        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+
+        ctx.load(payload.cloud)
+        anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)  # u_i
+        ctx.load(ctx.kept(GLOBAL_PARTS))  # w_i goes on from itself
+        coef = self.params.lam / (2 * self.params.alpha_k)
+
+        def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + coef * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=loss)
+        ctx.keep(ctx.weights(GLOBAL_PARTS))
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def personal_model(self, ctx: ClientContext, eval_payload: None) -> SplitModel:
+        ctx.load(ctx.kept(GLOBAL_PARTS))
+        return ctx.model
+
+
+__all__ = ["FedAMP", "FedAMPConfig", "attention"]

@@ -1,0 +1,88 @@
+"""FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", Algorithm 1): sampled clients train the whole model from the global weights for E epochs; the
+server averages the uploads weighted by training-set size, w <- sum_k n_k/n * w_k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from algorithms.base import Algorithm, register
+from raysim.aggregate import average_uploads
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.train import LossFn
+
+
+@dataclass(frozen=True)
+class GlobalState:
+    weights: ModelWeights  # the shared parts (FedAvg: extractor, filter, head)
+
+
+def train_global_parts(
+    ctx: ClientContext, payload: WeightsPayload, objective: Callable[[], LossFn] | None = None
+) -> ClientResult:
+    """FedAvg's client step: start from the received extractor, filter and head, train them for E
+    epochs, upload them. The loss is ``objective()`` (cross-entropy on the global path by default),
+    asked for once the received weights are loaded, so that it may read them (FedProx's w^t)."""
+    from raysim.train import cross_entropy
+
+    ctx.load(payload.weights)
+    stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=objective() if objective else cross_entropy)
+    return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+
+class AveragedWeights(Algorithm[GlobalState]):
+    """FedAvg's server side, shared by the algorithms built on it (FedProx, Ditto and the
+    shared/personal family): the weights of ``shared_parts`` start from the seeded model, go to
+    every sampled client in a job of its own (on the client's home worker when ``pinned``, where
+    its personal state lives) and come back averaged by training-set size. With no shared parts
+    nothing is sent or averaged (Local)."""
+
+    shared_parts: tuple[str, ...] = GLOBAL_PARTS
+    pinned = False
+
+    def init(self, ctx: ServerContext) -> GlobalState:
+        return GlobalState(ctx.init_weights.select(self.shared_parts))
+
+    def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = WeightsPayload(state.weights, self.lr(rnd))
+        return [Job((c,), payload, pinned=self.pinned) for c in sampled]
+
+    def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
+        return GlobalState(average_uploads(results)) if self.shared_parts else state
+
+    def eval_payload(self, state: GlobalState) -> ModelWeights:
+        return state.weights
+
+
+@register("fedavg")
+class FedAvg(AveragedWeights):
+    fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
+    regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
+    batchable = True  # train.batch_clients (and FedProx, FedNTD, FedExP): the loss is the payload's
+
+    def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx
+        adds its proximal term to them here)."""
+        from raysim.train import cross_entropy
+
+        return cross_entropy
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        return train_global_parts(
+            ctx, payload, lambda: self.regularized(ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
+        )
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
+        """:meth:`local_update` for each of ``ctxs``, trained together: the loss depends only on
+        the received weights, so one loss serves every client of one payload."""
+        return self.batch_from_payload(ctxs, payloads, GLOBAL_PARTS, self.loss_fn)
+
+
+__all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]

@@ -1,0 +1,39 @@
+"""FedBABU ("FedBABU: Toward Enhanced Representation for Federated Image Classification", Oh, Kim
+and Yun, ICLR 2022), a baseline of FedDr+ (seed 004): the head is randomly initialised (seeded, the
+same everywhere) and frozen during federated training; only the body (``extractor``, ``filter``) is
+trained with cross-entropy and averaged by training-set size. FedBABU-FT: after the last round
+each client fine-tunes the whole global model (body and head) with cross-entropy on its own data
+for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the initial rate), the engine's "-FT"
+(:attr:`algorithms.base.Algorithm.fine_tunes`); ``lm_ptest`` at the last round reports them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from algorithms.base import register
+from algorithms.feddrplus import FrozenHead, GlobalEval
+from raysim.weights import BODY
+from raysim.wire import ServerContext, WeightsPayload
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.train import LossFn
+
+
+@register("fedbabu")
+class FedBABU(FrozenHead):
+    #: FedBABU-FT fine-tunes the whole model, with cross-entropy
+    ft_parts: ClassVar[tuple[str, ...]] = (*BODY, "head")
+
+    def init(self, ctx: ServerContext) -> GlobalEval:
+        return GlobalEval(ctx.init_weights.select((*BODY, "head")))
+
+    def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        """Cross-entropy, the head frozen."""
+        from raysim.train import cross_entropy
+
+        return cross_entropy
+
+
+__all__ = ["FedBABU"]

@@ -1,0 +1,218 @@
+"""FedFCD ("Hierarchical Optimization Method for Federated Learning with Feature Alignment and
+Decision Fusion", seeds 003 and 000): personal extractors and heads, a global head trained on the
+server from class prototypes.
+
+Model parts (``SplitModel``): ``extractor`` (and ``filter``, if the model has one) = the personal
+extractor theta_i, ``phead`` = the personal head phi_i (neither ever leaves its client), ``head`` = the global head phi_g (lives on the server).
+
+- LFR (Eq. 3): C_i^(j), the mean of f(theta_i; x) over client i's class-j training samples.
+- Before round 1 every client uploads its LFRs and class counts (round 0, ``Algorithm.prologue``).
+- Server (Eq. 4-5): SGD with cross-entropy on phi_g over the uploaded pairs (C_i^(j), j), ``server_lr``
+  (eta_phi_g = 0.01), ``server_epochs`` passes in mini-batches of B; then the GFR
+  C_bar^(j) = sum_i |D_ij| C_i^(j) / N_j over every client's latest LFRs.
+- Client round (Algorithm 1), given phi_g and the GFR, in every local epoch:
+  1. phi_i frozen: theta_i trained on l(fused) + R_i, R_i = lambda * mean over the batch of
+     (1/d) ||f(theta_i; x) - C_bar^(y)||^2 (Eq. 6, 9; classes without a GFR add nothing);
+  2. theta_i frozen: phi_i trained on l(fused) (Eq. 10);
+  fused decision = softmax(h_G(phi_g; z) + h_P(phi_i; z)) (Eq. 7-8). phi_g is never trained on a
+  client. Then the LFRs of the trained extractor are uploaded with the counts (no weights).
+- LM = the fused decision of theta_i, phi_i and the current phi_g. No global extractor: ``gm_*`` null.
+- Ablations (Table 3): ``lambda=0`` (w/o FA), ``fusion=false`` (local head only, w/o FD),
+  ``alternate=false`` (theta_i and phi_i trained together on one loss, w/o HO).
+
+Every client starts from the same seeded initial model (a choice). Local epochs, batch and momentum are
+not given by the paper; its setup (20 clients, 75/25 split per client, best average test accuracy)
+is PFLlib's, whose defaults (E = 1, B = 10, plain SGD) the paper setup takes (a choice), as it takes
+PFLlib's "pat" class assignment (``data.class_order=sequential``: on FMNIST the pairs T-shirt/trouser,
+pullover/dress, coat/sandal, shirt/sneaker, bag/boot, each held by 4 of the 20 clients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import Algorithm, register
+from raysim import rng
+from raysim.errors import ConfigError
+from raysim.prototypes import ClassMeans, train_head_on_class_means, weighted_means
+from raysim.registry import DatasetInfo
+from raysim.weights import BODY, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+OWN_PARTS = (*BODY, "phead")  # theta_i and phi_i, kept on the client's home worker
+
+
+@dataclass(frozen=True)
+class FedFCDConfig:
+    lam: float = 1.0  # lambda, the weight of the feature-alignment term R_i (``algo.lambda``)
+    fusion: bool = True  # decision fusion: global + local logits (False: local head only)
+    alternate: bool = True  # theta step then phi step in every epoch (False: both at once)
+    server_lr: float = 0.01  # eta_phi_g
+    server_epochs: int = 1  # passes over the round's uploaded pairs
+
+
+@dataclass(frozen=True)
+class FCDPayload:
+    """What a client receives: the global head and the GFR (None in round 0: upload LFRs only)."""
+
+    head: ModelWeights | None
+    gfr: np.ndarray | None  # (C, d)
+    gfr_mask: np.ndarray | None  # (C,) classes that have a GFR
+    lr: float
+
+
+@dataclass(frozen=True)
+class FCDState:
+    rnd: int
+    head: ModelWeights  # phi_g
+    #: every client's latest LFRs (N, C, d) with their class counts (N, C), zero before its first upload
+    lfr: ClassMeans
+    gfr: np.ndarray  # (C, d)
+    gfr_mask: np.ndarray  # (C,)
+
+
+@register("fedfcd")
+class FedFCD(Algorithm[FCDState]):
+    unbatchable = (
+        "its clients keep personal extractors and heads and align to prototypes of their own classes."
+    )
+    Config = FedFCDConfig
+    has_global_model = False
+    has_personal_model = True
+    prologue = True
+
+    @classmethod
+    def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
+        """Sec. 4.1: 20 clients all taking part, 500 rounds, eta = 0.01 on clients and server,
+        train and test pooled then split 75/25 per client, Pat (2 classes a client; Dir(0.1) the
+        other setting); FMNIST: ``mlp_fcd``, lambda = 1; CIFAR-10 (and other colour images):
+        ``cnn_fcd``, lambda = 5, a tenth of the classes a client (2 of 10, 10 of CIFAR-100's 100)."""
+        common = {
+            "clients": 20,
+            "participation": 1.0,
+            "rounds": 500,
+            "train.lr": 0.01,
+            "train.local_epochs": 1,
+            "train.batch_size": 10,
+            "train.momentum": 0.0,
+            "train.weight_decay": 0.0,
+            "data.partition": "pathological:2",
+            "data.class_order": "sequential",  # PFLlib's "pat": client i holds classes 2i, 2i+1 (mod C)
+            "data.test_mode": "split:0.25",
+        }
+        if dataset.channels == 3:
+            part = f"pathological:{max(2, dataset.num_classes // 10)}"
+            return {**common, "model": "cnn_fcd", "algo.lambda": 5.0, "data.partition": part}
+        return {**common, "model": "mlp_fcd", "algo.lambda": 1.0}
+
+    @classmethod
+    def check(cls, cfg: Any, params: FedFCDConfig) -> None:
+        if params.lam < 0:
+            raise ConfigError(f"FedFCD's lambda must be >= 0, not {params.lam}.")
+        if params.server_epochs < 0 or params.server_lr <= 0:
+            raise ConfigError("FedFCD's server_epochs must be >= 0 and server_lr > 0.")
+
+    # ---------------------------------------------------------------------------------------- server
+    def init(self, ctx: ServerContext) -> FCDState:
+        self._model = ctx.build_model()  # the global head is trained here
+        n, c = ctx.clients.label_counts.shape
+        d = int(self._model.filter_dim)
+        return FCDState(
+            rnd=0,
+            head=ctx.init_weights.select(("head",)),
+            lfr=ClassMeans(np.zeros((n, c, d), np.float32), np.zeros((n, c), np.int64)),
+            gfr=np.zeros((c, d), np.float32),
+            gfr_mask=np.zeros(c, bool),
+        )
+
+    def plan(self, state: FCDState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        if rnd == 0:
+            payload = FCDPayload(None, None, None, 0.0)
+        else:
+            payload = FCDPayload(state.head, state.gfr, state.gfr_mask, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: FCDState, rnd: int, results: Sequence[JobResult]) -> FCDState:
+        uploads: list[tuple[int, ClassMeans]] = [(r.client, r.extra) for jr in results for r in jr.results]
+        lfr = ClassMeans(state.lfr.means.copy(), state.lfr.counts.copy())
+        for cid, up in uploads:
+            lfr.means[cid], lfr.counts[cid] = up.means, up.counts
+        head = train_head_on_class_means(  # Eq. 4: phi_g on this round's pairs (C_i^(j), j)
+            self._model,
+            state.head,
+            ClassMeans.stack([up for _, up in uploads]),
+            lr=self.params.server_lr,
+            epochs=self.params.server_epochs,
+            batch_size=self.cfg.train.batch_size,
+            seed=rng.int_seed(self.cfg.seed, "fedfcd/server", rnd),
+        )
+        gfr, mask = weighted_means(lfr)  # Eq. 5 over every client's latest LFRs
+        return FCDState(rnd, head, lfr, gfr, mask)
+
+    def eval_payload(self, state: FCDState) -> ModelWeights:
+        return state.head
+
+    # ---------------------------------------------------------------------------------------- client
+    def local_update(self, ctx: ClientContext, payload: FCDPayload) -> ClientResult:
+        import torch
+
+        from raysim.features import aligned_cross_entropy, fused_logits
+        from raysim.train import TrainStats
+
+        own = ctx.kept(OWN_PARTS)
+        if payload.head is None:  # round 0: the first LFRs, no training
+            ctx.load(own)
+            return ctx.result(TrainStats(0.0, 0, 0), extra=ctx.class_means())
+        assert payload.gfr is not None and payload.gfr_mask is not None
+        ctx.load(own.merged(payload.head))
+        p = self.params
+        fused = self.personal_forward(ctx.model)
+
+        def decision_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(fused(x), y)
+
+        theta_loss = aligned_cross_entropy(
+            p.lam,
+            payload.gfr,
+            payload.gfr_mask,
+            ctx.device,
+            logits=fused_logits if p.fusion else lambda model, z: model.phead(z),
+        )
+
+        losses = []
+        for _ in range(self.cfg.train.local_epochs):
+            if p.alternate:  # the theta step and the phi step on the same epoch's shuffle
+                ctx.train(BODY, payload.lr, epochs=1, loss_fn=theta_loss, advance=False)
+                losses.append(ctx.train(("phead",), payload.lr, epochs=1, loss_fn=decision_loss))
+            else:
+                losses.append(ctx.train(OWN_PARTS, payload.lr, epochs=1, loss_fn=theta_loss))
+        ctx.keep(ctx.weights(OWN_PARTS))
+        stats = TrainStats(
+            float(np.mean([s.loss for s in losses])) if losses else 0.0,
+            sum(s.steps for s in losses),
+            sum(s.samples for s in losses),
+        )
+        return ctx.result(stats, extra=ctx.class_means())
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(ctx.kept(OWN_PARTS).merged(eval_payload))
+        return ctx.model
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+        """The fused decision (Eq. 7-8): global head's plus local head's logits on the same z."""
+        from raysim.features import fused_forward
+
+        return fused_forward(model) if self.params.fusion else model.personal_forward
+
+
+__all__ = ["FedFCD", "FedFCDConfig"]

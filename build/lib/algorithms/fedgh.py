@@ -1,0 +1,96 @@
+"""FedGH ("FedGH: Heterogeneous Federated Learning with Generalized Global Header", Yi et al., ACM MM
+2023), a baseline of the FedFCD paper (seed 003), as the reference implementation that paper's
+comparisons come from (PFLlib) runs it.
+
+- Each client keeps its body (``extractor``, ``filter``) on its home worker. Every round it replaces
+  its head with the received global head, trains body and head for E epochs with cross-entropy, and
+  uploads the class means of z under its trained body (the local averaged representations) with counts.
+- Server: SGD with cross-entropy on the global head over the round's (class mean, label) pairs
+  (``server_lr``, ``server_epochs`` passes in mini-batches of B), as FedFCD's server does.
+- LM = the client's body with the current global head. No global extractor (``gm_*`` null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from algorithms.base import Algorithm, register
+from raysim import rng
+from raysim.errors import ConfigError
+from raysim.prototypes import ClassMeans, train_head_on_class_means
+from raysim.weights import BODY, ModelWeights
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class FedGHConfig:
+    server_lr: float = 0.01
+    server_epochs: int = 1  # passes over the round's uploaded pairs
+
+    def __post_init__(self) -> None:
+        if self.server_epochs < 0 or self.server_lr <= 0:
+            raise ConfigError("FedGH's server_epochs must be >= 0 and server_lr > 0.")
+
+
+@dataclass(frozen=True)
+class HeadPayload:
+    head: ModelWeights  # the global head
+    lr: float
+
+
+@dataclass(frozen=True)
+class GHState:
+    rnd: int
+    head: ModelWeights
+
+
+@register("fedgh")
+class FedGH(Algorithm[GHState]):
+    unbatchable = (
+        "its clients keep personal bodies on their home workers."
+    )
+    Config = FedGHConfig
+    has_global_model = False
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> GHState:
+        self._model = ctx.build_model()  # the global head is trained here
+        return GHState(0, ctx.init_weights.select(("head",)))
+
+    def plan(self, state: GHState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = HeadPayload(state.head, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: GHState, rnd: int, results: Sequence[JobResult]) -> GHState:
+        head = train_head_on_class_means(
+            self._model,
+            state.head,
+            ClassMeans.stack([r.extra for jr in results for r in jr.results]),
+            lr=self.params.server_lr,
+            epochs=self.params.server_epochs,
+            batch_size=self.cfg.train.batch_size,
+            seed=rng.int_seed(self.cfg.seed, "fedgh/server", rnd),
+        )
+        return GHState(rnd, head)
+
+    def eval_payload(self, state: GHState) -> ModelWeights:
+        return state.head
+
+    def local_update(self, ctx: ClientContext, payload: HeadPayload) -> ClientResult:
+        ctx.load(ctx.kept(BODY).merged(payload.head))  # the local head replaced by the global one
+        stats = ctx.train((*BODY, "head"), payload.lr)
+        ctx.keep(ctx.weights(BODY))
+        return ctx.result(stats, extra=ctx.class_means())
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(ctx.kept(BODY).merged(eval_payload))
+        return ctx.model
+
+
+__all__ = ["FedGH", "FedGHConfig"]

@@ -1,0 +1,118 @@
+"""FedProto ("FedProto: Federated Prototype Learning across Heterogeneous Clients", Tan et al.,
+AAAI 2022), a baseline of the FedFCD paper (seed 003), as the reference implementation that paper's
+comparisons come from (PFLlib) runs it: only class prototypes travel; every model stays personal.
+
+- Each client keeps its whole model (body and ``head``) on its home worker and trains it for E epochs
+  on CE + lambda * (1/d) ||z - C_bar^(y)||^2 (classes without a global prototype add nothing).
+- It uploads its class prototypes C_i^(j) (class means of z under its trained body) and counts
+  (``raysim.prototypes.ClassMeans``).
+- Server: C_bar^(j) = the unweighted mean of the round's C_i^(j) over the clients holding class j.
+- LM: with ``predict="proto"`` (default) a sample goes to the nearest global prototype,
+  argmin_j ||z - C_bar^(j)||; ``predict="head"`` uses the client's own head. No global model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import Algorithm, register
+from raysim.errors import ConfigError
+from raysim.prototypes import ClassMeans, plain_means
+from raysim.weights import BODY
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+OWN_PARTS = (*BODY, "head")
+
+
+@dataclass(frozen=True)
+class FedProtoConfig:
+    lam: float = 1.0  # lambda of the prototype term (``algo.lambda``)
+    predict: str = "proto"  # proto: nearest global prototype | head: the client's own head
+
+    def __post_init__(self) -> None:
+        if self.lam < 0:
+            raise ConfigError(f"FedProto's lambda must be >= 0, not {self.lam}.")
+        if self.predict not in ("proto", "head"):
+            raise ConfigError(f"FedProto's predict is 'proto' or 'head', not {self.predict!r}.")
+
+
+@dataclass(frozen=True)
+class ProtoPayload:
+    protos: np.ndarray  # (C, d) global prototypes (d = 0 before the first round)
+    mask: np.ndarray  # (C,) classes that have one
+    lr: float
+
+
+@dataclass(frozen=True)
+class ProtoState:
+    rnd: int
+    protos: np.ndarray
+    mask: np.ndarray
+
+
+@register("fedproto")
+class FedProto(Algorithm[ProtoState]):
+    unbatchable = (
+        "its clients keep personal models and align to prototypes of their own classes."
+    )
+    Config = FedProtoConfig
+    has_global_model = False
+    has_personal_model = True
+
+    def init(self, ctx: ServerContext) -> ProtoState:
+        c = ctx.clients.num_classes
+        return ProtoState(0, np.zeros((c, 0), np.float32), np.zeros(c, bool))
+
+    def plan(self, state: ProtoState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = ProtoPayload(state.protos, state.mask, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: ProtoState, rnd: int, results: Sequence[JobResult]) -> ProtoState:
+        protos, mask = plain_means(ClassMeans.stack([r.extra for jr in results for r in jr.results]))
+        return ProtoState(rnd, protos, mask)
+
+    def eval_payload(self, state: ProtoState) -> ProtoPayload:
+        return ProtoPayload(state.protos, state.mask, 0.0)
+
+    def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
+
+        from raysim.features import aligned_cross_entropy
+
+        ctx.load(ctx.kept(OWN_PARTS))
+        loss_fn = aligned_cross_entropy(self.params.lam, payload.protos, payload.mask, ctx.device)
+        stats = ctx.train(OWN_PARTS, payload.lr, loss_fn=loss_fn)
+        ctx.keep(ctx.weights(OWN_PARTS))
+        return ctx.result(stats, extra=ctx.class_means())
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ProtoPayload) -> SplitModel:
+        ctx.load(ctx.kept(OWN_PARTS))
+        return ctx.model
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+        if self.params.predict == "head" or eval_payload is None or eval_payload.protos.shape[1] == 0:
+            return model
+        import torch
+
+        from raysim.features import representation
+
+        def nearest_prototype(x: torch.Tensor) -> torch.Tensor:
+            z = representation(model, x)
+            protos = torch.from_numpy(eval_payload.protos).to(z.device)
+            mask = torch.from_numpy(eval_payload.mask).to(z.device)
+            score = -(torch.cdist(z, protos) ** 2)  # the nearest prototype scores highest
+            return score.masked_fill(~mask, float("-inf"))
+
+        return nearest_prototype
+
+
+__all__ = ["FedProto", "FedProtoConfig"]

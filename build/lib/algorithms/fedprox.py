@@ -1,0 +1,49 @@
+"""FedProx (Li et al. 2020, "Federated Optimization in Heterogeneous Networks", Eq. 2): FedAvg whose
+local objective adds the proximal term mu/2 * ||w - w^t||^2 to the loss, w^t the received global model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from algorithms.base import register
+from algorithms.fedavg import FedAvg
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS
+from raysim.wire import WeightsPayload
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import LossFn
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            raise ConfigError(f"FedProx's mu must be at least 0, not {self.mu}.")
+
+
+@register("fedprox")
+class FedProx(FedAvg):
+    Config = FedProxConfig
+
+    def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
+        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+
+        mu = self.params.mu
+        anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)  # w^t: the received model, just loaded
+
+        def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(model, x, y) + 0.5 * mu * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        return loss
+
+
+__all__ = ["FedProx", "FedProxConfig"]

@@ -1,0 +1,144 @@
+"""Per-FedAvg ("Personalized Federated Learning with Theoretical Guarantees: A Model-Agnostic
+Meta-Learning Approach", Fallah, Mokhtari and Ozdaglar, NeurIPS 2020), a baseline of Fed3+2p and
+FedFCD.
+
+The global model is trained for the MAML objective F(w) = mean_k f_k(w - alpha grad f_k(w)) (Eq. 3):
+each sampled client runs local steps on three independent mini-batches D, D', D'' of its data
+(Algorithm 1):
+
+- the inner step w' = w - alpha grad f(w; D);
+- ``variant="fo"`` (Per-FedAvg FO): w <- w - beta grad f(w'; D') (the Hessian term dropped);
+- ``variant="hf"`` (Per-FedAvg HF, Sec. 5): w <- w - beta (I - alpha H d) with d = grad f(w'; D') and
+  the Hessian-vector product H d of f(.; D'') at w by the finite difference
+  [grad f(w + delta d; D'') - grad f(w - delta d; D'')] / (2 delta).
+
+Local work: E epochs over the client's shuffled batches, each step taking the next two (FO) or three
+(HF) of them. beta is the round's learning rate, alpha ``algo.alpha``, delta ``algo.delta``; plain
+gradient steps (no momentum or weight decay: the paper's updates). The server averages the uploads
+by training-set size, as FedAvg. GM = w; the personalised model of client k is w after one step of
+gradient descent with step alpha on a mini-batch of k's training data (the paper's evaluation: the
+meta-model adapted once), drawn from its own random stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from algorithms.base import register
+from algorithms.fedavg import AveragedWeights
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.wire import ClientResult, WeightsPayload
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+Batch = tuple["torch.Tensor", "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class PerFedAvgConfig:
+    alpha: float = 0.01  # the inner (adaptation) step
+    variant: str = "fo"  # fo | hf
+    delta: float = 0.001  # hf: the finite difference's step
+
+    def __post_init__(self) -> None:
+        if self.alpha <= 0 or self.delta <= 0:
+            raise ConfigError("Per-FedAvg's alpha and delta must be positive.")
+        if self.variant not in ("fo", "hf"):
+            raise ConfigError(f"Per-FedAvg's variant is 'fo' or 'hf', not {self.variant!r}.")
+
+
+def gradient(model: SplitModel, params: Sequence[torch.Tensor], batch: Batch) -> tuple[float, list[torch.Tensor]]:
+    """The cross-entropy of ``batch`` at the model's current parameters ``params``, and its gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = batch
+    loss = F.cross_entropy(model(x), y)
+    return float(loss.detach()), list(torch.autograd.grad(loss, params))
+
+
+def maml_step(
+    model: SplitModel,
+    params: Sequence[torch.Tensor],
+    batches: Sequence[Batch],
+    alpha: float,
+    beta: float,
+    variant: str,
+    delta: float,
+) -> float:
+    """One local step of Per-FedAvg on ``params`` (in place): FO with batches (D, D'), HF with
+    (D, D', D''). Returns the meta-loss f(w'; D')."""
+    import torch
+
+    with torch.no_grad():
+        w = [p.detach().clone() for p in params]
+    _, g = gradient(model, params, batches[0])
+    with torch.no_grad():  # w' = w - alpha grad f(w; D)
+        for p, gi in zip(params, g, strict=True):
+            p.sub_(alpha * gi)
+    meta_loss, d = gradient(model, params, batches[1])  # grad f(w'; D')
+    step = d
+    if variant == "hf":  # (I - alpha H(w; D'')) d, H d by a central difference
+        with torch.no_grad():
+            for p, wi, di in zip(params, w, d, strict=True):
+                p.copy_(wi + delta * di)
+        _, plus = gradient(model, params, batches[2])
+        with torch.no_grad():
+            for p, wi, di in zip(params, w, d, strict=True):
+                p.copy_(wi - delta * di)
+        _, minus = gradient(model, params, batches[2])
+        step = [di - alpha * (a - b) / (2 * delta) for di, a, b in zip(d, plus, minus, strict=True)]
+    with torch.no_grad():  # w <- w - beta step
+        for p, wi, si in zip(params, w, step, strict=True):
+            p.copy_(wi - beta * si)
+    return meta_loss
+
+
+@register("perfedavg")
+class PerFedAvg(AveragedWeights):
+    Config = PerFedAvgConfig
+    has_personal_model = True
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        from raysim.train import TrainStats, set_trainable
+
+        p = self.params
+        ctx.load(payload.weights)
+        params = set_trainable(ctx.model, GLOBAL_PARTS)
+        per_step = 3 if p.variant == "hf" else 2
+        losses: list[float] = []
+        samples = 0
+        for epoch in range(self.cfg.train.local_epochs):
+            batches = list(ctx.batches(epoch))
+            for i in range(0, len(batches) - per_step + 1, per_step):
+                step = batches[i : i + per_step]
+                losses.append(maml_step(ctx.model, params, step, p.alpha, payload.lr, p.variant, p.delta))
+                samples += sum(int(b[1].shape[0]) for b in step)
+        ctx.samples_trained += samples  # this loop's compute, beside ctx.train's
+        stats = TrainStats(sum(losses) / len(losses) if losses else 0.0, len(losses), samples)
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        """The global model after one gradient step of size alpha on a batch of the client's data."""
+        from raysim.train import set_trainable
+
+        ctx.load(eval_payload)
+        params = set_trainable(ctx.model, GLOBAL_PARTS)
+        import torch
+
+        batch: Iterator[Batch] = ctx.batches(0, stream="adapt")
+        _, g = gradient(ctx.model, params, next(batch))
+        with torch.no_grad():
+            for q, gi in zip(params, g, strict=True):
+                q.sub_(self.params.alpha * gi)
+        return ctx.model
+
+
+__all__ = ["PerFedAvg", "PerFedAvgConfig", "maml_step"]

@@ -1,0 +1,108 @@
+"""The shared-and-personal family: some parts of the model are shared (FedAvg's server averages
+them), the others stay personal on each client's home worker. FedPer and FedRep (the head
+personal), FedRoD (the personal head beside a shared generic one) and Local (everything personal,
+nothing shared) are this base with their own parts and training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from algorithms.fedavg import AveragedWeights
+from raysim.weights import ModelWeights
+from raysim.wire import ClientResult, WeightsPayload
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+    from raysim.train import TrainStats
+
+
+class BatchPass(NamedTuple):
+    """One pass of a local update trained batched: ``parts`` train with ``loss`` for ``epochs``
+    (None: the configured local epochs); ``inputs(ctx)``, when given, is the client's own further
+    arguments of the loss, ``loss(model, x, y, *inputs(ctx))``."""
+
+    parts: tuple[str, ...]
+    loss: Callable[..., Any]
+    epochs: int | None = None
+    inputs: Callable[[ClientContext], tuple[Any, ...]] | None = None
+
+
+class SharedAndPersonal(AveragedWeights):
+    """A sampled client loads the received ``shared_parts`` and its own ``personal_parts`` (the
+    initial model's before it first trains), trains (:meth:`train`), keeps its personal parts and
+    uploads the shared ones. Its personalised model is the current shared parts with its own."""
+    unbatchable = "its local training is not a fixed sequence of passes with one loss for every client."
+    #: train.batch_clients: a subclass whose :meth:`batch_plan` gives its passes sets both
+    batches_pinned = True
+
+    personal_parts: ClassVar[tuple[str, ...]] = ("head",)
+    has_personal_model = True
+    pinned = True  # the personal parts live on the client's home worker
+
+    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
+        """The local update's training of the loaded model."""
+        raise NotImplementedError
+
+    def batch_plan(self) -> Sequence[BatchPass]:
+        """The passes of :meth:`train` (a ``batchable`` subclass's), the same for every client; the
+        local update's stats are the last pass's."""
+        raise NotImplementedError
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
+        """:meth:`local_update` for each of ``ctxs``, trained together pass by pass, each client
+        from the received shared parts and its own personal ones. In a pass, the untrained parts
+        that differ between the clients (personal parts, or parts an earlier pass trained) enter
+        as each client's own (``frozen``)."""
+        from raysim.context import ClientContext
+
+        payload = payloads[0]
+        if any(p is not payload for p in payloads):
+            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
+        models = [payload.weights.merged(self.own_parts(ctx)) for ctx in ctxs]
+        trained: list[tuple[TrainStats, ModelWeights]] = []
+        for step in self.batch_plan():
+            ctxs[0].load(models[0])  # what is not trained and the same for every client
+            held = [
+                p
+                for p in models[0].part_names
+                if p not in step.parts and any(not np.array_equal(m.part(p), models[0].part(p)) for m in models[1:])
+            ]
+            trained = ClientContext.train_together(
+                ctxs,
+                step.parts,
+                payload.lr,
+                loss_fn=step.loss,
+                epochs=step.epochs,
+                starts=models,
+                frozen=[m.select(held) for m in models] if held else None,
+                inputs=[step.inputs(ctx) for ctx in ctxs] if step.inputs is not None else None,
+            )
+            models = [m.merged(w) for m, (_, w) in zip(models, trained, strict=True)]
+        out = []
+        for ctx, model, (stats, _) in zip(ctxs, models, trained, strict=True):
+            ctx.keep(model.select(self.personal_parts))
+            shared = model.select(self.shared_parts) if self.shared_parts else None
+            out.append(ctx.result(stats, weights=shared))
+        return out
+
+    def own_parts(self, ctx: ClientContext) -> ModelWeights:
+        """The client's personal parts as it kept them (the initial model's before it first trains)."""
+        return ctx.kept(self.personal_parts)
+
+    def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
+        ctx.load(payload.weights.merged(self.own_parts(ctx)))
+        stats = self.train(ctx, payload.lr)
+        ctx.keep(ctx.weights(self.personal_parts))
+        return ctx.result(stats, weights=ctx.weights(self.shared_parts) if self.shared_parts else None)
+
+    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+        ctx.load(eval_payload.merged(self.own_parts(ctx)))
+        return ctx.model
+
+
+__all__ = ["BatchPass", "SharedAndPersonal"]

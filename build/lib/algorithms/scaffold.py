@@ -1,0 +1,116 @@
+"""SCAFFOLD ("SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", Karimireddy et al.,
+ICML 2020, Algorithm 1 with option II), a baseline of FedDr+.
+
+- Server state: the global model x and the server control variate c (zero at the start).
+- Client i keeps its control variate c_i on its home worker between rounds (``ctx.store``; zero
+  before its first round). From y = x it takes K local SGD steps on g(y) - c_i + c (the correction is added to each
+  gradient, ``after_backward``), then sets c_i+ to the mean of the K stochastic gradients g(y) it
+  saw, and uploads Delta y = y - x and Delta c = c_i+ - c_i. With plain SGD this is exactly option
+  II, c_i - c + (x - y) / (K eta) (the K steps sum to K eta (mean g - c_i + c)); unlike that formula it
+  stays right when the local optimiser has momentum or weight decay, as the common setups here do.
+- Server: x <- x + eta_g * mean(Delta y) over the sampled clients, c <- c + (1/N) sum(Delta c)
+  (``server_lr`` eta_g = 1). A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms.base import Algorithm, register
+from raysim.aggregate import apply_updates, subtract
+from raysim.errors import ConfigError
+from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+
+
+@dataclass(frozen=True)
+class ScaffoldConfig:
+    server_lr: float = 1.0  # eta_g
+
+
+@dataclass(frozen=True)
+class ScaffoldPayload:
+    weights: ModelWeights  # x
+    control: ModelWeights  # c
+    lr: float
+
+
+@dataclass(frozen=True)
+class ScaffoldState:
+    weights: ModelWeights
+    control: ModelWeights
+
+
+def zeros_like(w: ModelWeights) -> ModelWeights:
+    return map_parts(np.zeros_like, w)
+
+
+@register("scaffold")
+class Scaffold(Algorithm[ScaffoldState]):
+    unbatchable = (
+        "each step is corrected by the client's own control variate, which differs from client to "
+        "client."
+    )
+    Config = ScaffoldConfig
+    fine_tunes = True  # "-FT" with algo.ft_epochs
+
+    @classmethod
+    def check(cls, cfg: Any, params: ScaffoldConfig) -> None:
+        if params.server_lr <= 0:
+            raise ConfigError(f"SCAFFOLD's server_lr must be > 0, not {params.server_lr}.")
+
+    def init(self, ctx: ServerContext) -> ScaffoldState:
+        x = ctx.init_weights.select(GLOBAL_PARTS)
+        return ScaffoldState(x, zeros_like(x))
+
+    def plan(self, state: ScaffoldState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        payload = ScaffoldPayload(state.weights, state.control, self.lr(rnd))
+        return [Job((c,), payload, pinned=True) for c in sampled]
+
+    def aggregate(self, state: ScaffoldState, rnd: int, results: Sequence[JobResult]) -> ScaffoldState:
+        finals = [jr.final for jr in results]
+        k = len(finals)
+        dys = [r.weights for r in finals if r.weights is not None]  # Delta y
+        dcs = [r.extra for r in finals]  # Delta c
+        # apply_updates(w, u, a) = w - sum a u: x + eta_g/|S| sum dy, c + 1/N sum dc
+        x = apply_updates(state.weights, dys, [-self.params.server_lr / k] * k)
+        c = apply_updates(state.control, dcs, [-1.0 / self.cfg.clients] * k)
+        return ScaffoldState(x, c)
+
+    def eval_payload(self, state: ScaffoldState) -> ModelWeights:
+        return state.weights
+
+    def local_update(self, ctx: ClientContext, payload: ScaffoldPayload) -> ClientResult:
+        import torch
+
+        from raysim.models import flat_from_parameters, parameter_views, parameters_of
+
+        c_i: ModelWeights = ctx.stored("control", zeros_like(payload.control))
+        correction = map_parts(lambda c, ci: (c - ci).astype(np.float32), payload.control, c_i)
+        params = parameters_of(ctx.model, GLOBAL_PARTS)
+        corrections = parameter_views(ctx.model, correction, ctx.device)  # c - c_i, per parameter
+        sums = [torch.zeros_like(corr) for corr in corrections]
+
+        def corrected() -> None:  # keep g(y), then step on g(y) - c_i + c
+            for param, corr, acc in zip(params, corrections, sums, strict=True):
+                if param.grad is not None:
+                    acc.add_(param.grad)
+                    param.grad.add_(corr)
+
+        ctx.load(payload.weights)
+        stats = ctx.train(GLOBAL_PARTS, payload.lr, after_backward=corrected)
+        dy = subtract(ctx.weights(GLOBAL_PARTS), payload.weights)  # y - x
+        steps = max(stats.steps, 1)
+        c_new = flat_from_parameters(ctx.model, GLOBAL_PARTS, [acc / steps for acc in sums])  # mean g(y)
+        ctx.store("control", c_new)
+        return ctx.result(stats, weights=dy, extra=subtract(c_new, c_i))
+
+
+__all__ = ["Scaffold", "ScaffoldConfig"]

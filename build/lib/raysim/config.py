@@ -1,0 +1,337 @@
+"""The one configuration tree of a raysim experiment.
+
+Everything an experiment needs is an :class:`ExperimentConfig`: a tree of frozen dataclasses with one
+place for each default. It loads from a YAML or TOML file (:func:`load_config_file`), takes dotted
+overrides (``train.lr=0.05``) and is validated as a whole (:func:`raysim.experiment.validate`, which
+reads the registries) before any work starts. The algorithm's own parameters live in ``algo_params``
+and are turned into the algorithm's typed, frozen config (its ``Config``) by
+:func:`raysim.experiment.algorithm_params`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from raysim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The ``synthetic`` dataset: class-conditional Gaussians shaped as small images.
+
+    Each class c has a mean ``separation * m_c`` with ``m_c ~ N(0, I)``; a sample is its class mean
+    plus unit Gaussian noise, reshaped to ``shape``. Generated from the experiment seed.
+    """
+
+    train_samples: int = 2000
+    test_samples: int = 500
+    num_classes: int = 10
+    shape: tuple[int, ...] = (1, 16, 16)
+    separation: float = 0.5
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset, partition and local test sets (ALGORITHMS.md, "Data")."""
+
+    dataset: str = "fmnist"  # a name in raysim.registry.DATASETS
+    data_dir: str | None = None  # where the dataset's files are (or are downloaded to)
+    download: bool = True  # allow torchvision's download when the files are not found
+    partition: str = "dirichlet:0.1"  # KIND or KIND:PARAM of raysim.registry.PARTITIONS
+    test_mode: str = "matched"  # KIND or KIND:PARAM of raysim.registry.TEST_MODES
+    min_samples: int = 10  # dirichlet: redraw until every client has this many (choice)
+    samples_per_client: int = 600  # dominant: samples per client (600; 1000 for EMNIST)
+    #: pathological: which classes a client holds. shuffled: consecutive classes of a seeded class
+    #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
+    #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
+    class_order: str = "shuffled"
+    #: hold out this fraction of each client's training data as its validation part (never trained
+    #: on), for model selection such as Fed3+2p's automatic phase switch
+    val_fraction: float = 0.0
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training: SGD and the learning-rate schedule (ALGORITHMS.md, "Training defaults")."""
+
+    local_epochs: int = 5
+    batch_size: int = 40
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    lr_decay: float = 0.99  # multiply the learning rate by this every round (Fed3+2p)
+    lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
+    lr_gamma: float = 0.1
+    threads: int | None = None  # intra-op threads of a training job; None: cpus_per_worker (at least 1)
+    #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
+    #: where the algorithm and the model allow it; 1: one by one
+    batch_clients: int = 1
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1  # evaluate every k rounds (and always after the last); 0: only after the last
+    batch_size: int = 500
+    #: summary.json's "last": the mean of each metric over its last k evaluations
+    last_k: int = 5
+    #: FedDr+'s analyses (raysim.analysis): per-class accuracy, observed/unobserved-class accuracy,
+    #: feature-classifier alignment and feature norm, of the global and the local models
+    analyses: bool = False
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    executor: str = "ray"  # a name in raysim.registry.EXECUTORS
+    address: str | None = None  # join this cluster; None: RAY_ADDRESS, else start Ray locally
+    workers: int | None = None  # client-worker actors; None: as many as the resources allow
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    object_store_mb: int | None = None  # local Ray only
+    #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
+    #: state restored and the lost jobs retried, at most this many times in a run
+    max_worker_restarts: int = 10
+    #: how long a replacement worker may wait for a place in the cluster (e.g. for an autoscaler to
+    #: add a node) before the run ends with a checkpoint
+    replace_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    out: str | None = None  # the run directory; None: runs/<algo>-<dataset>-<time>
+    tensorboard: bool = True
+    progress: bool = True
+    #: write RUN_DIR/checkpoint.pkl every k rounds (0: only when stopped by Ctrl-C or a failure)
+    checkpoint_every: int = 10
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    algo: str = "fedavg"
+    model: str = "cnn3p2_fmnist"
+    clients: int = 100
+    participation: float = 0.1
+    rounds: int = 20
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    algo_params: Mapping[str, Any] = field(default_factory=dict)
+    #: modules (or scripts) of user code that registers what this config names, imported by every
+    #: process before it reads a registry (raysim.plugins)
+    plugins: tuple[str, ...] = ()
+    #: the command line puts the algorithm's paper setup (``Algorithm.paper_setup``) beneath the
+    #: settings given; false: every algorithm runs on these common defaults, for one shared setup
+    paper_setup: bool = True
+
+    @property
+    def train_threads(self) -> int:
+        """Intra-op threads every executor trains a job with (part of the numbers, see DESIGN.md)."""
+        if self.train.threads is not None:
+            return self.train.threads
+        return max(1, int(self.ray.cpus_per_worker))
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.participation * self.clients))
+
+
+# --------------------------------------------------------------------------------------------------
+# building a config from plain data
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Turn ``value`` (from YAML/TOML/the command line) into the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where} cannot be {value!r}.")
+    if is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table of settings, not {value!r}.")
+        return from_dict(tp, value, where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, not {value!r}.")
+        item = args[0] if args else str
+        return tuple(_coerce(v, item, where) for v in value)
+    if origin in (Mapping, dict) or tp in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, not {value!r}.")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f"{where} must be true or false, not {value!r}.")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be an integer, not {value!r}.") from None
+        if not f.is_integer():
+            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+        return int(f)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, not {value!r}.") from None
+    if tp is str:
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, data: Mapping[str, Any], where: str = "config") -> Any:
+    """Build the dataclass ``cls`` from nested plain data, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"Unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(known))}).")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested data (tuples as lists) for YAML/JSON output."""
+
+    def plain(v: Any) -> Any:
+        if is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, Mapping):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v
+
+    out: dict[str, Any] = plain(cfg)
+    return out
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml), TOML (.toml) or JSON file into plain nested data; a file that does
+    not parse is one sentence naming the file and the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"The config file {p} does not exist.")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # any parse error is the user's file
+        raise ConfigError(f"The config file {p} does not parse: {_parse_error(e)}.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"The config file {p} must hold a table of settings.")
+    return data
+
+
+def _parse_error(e: Exception) -> str:
+    """A parser's error as a clause: what is wrong, and on which line."""
+    mark = getattr(e, "problem_mark", None)  # YAML
+    if mark is not None:
+        problem = getattr(e, "problem", None) or type(e).__name__
+        return f"{problem} on line {mark.line + 1}, column {mark.column + 1}"
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} on line {e.lineno}, column {e.colno}"
+    text = " ".join(str(e).split()).rstrip(".")  # TOML: "... (at line 3, column 5)"
+    return text or type(e).__name__
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``set_dotted(d, "train.lr", 0.1)`` sets ``d["train"]["lr"]``; ``algo.X`` sets an algorithm
+    parameter."""
+    keys = dotted.split(".")
+    if keys[0] == "algo" and len(keys) > 1:
+        keys = ["algo_params", *keys[1:]]
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"The setting {dotted} does not name a table.")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def replace(cfg: ExperimentConfig, **changes: Any) -> ExperimentConfig:
+    """``dataclasses.replace`` that also takes dotted keys: ``replace(cfg, **{"train.lr": 0.1})``."""
+    data = to_dict(cfg)
+    for k, v in changes.items():
+        set_dotted(data, k, v)
+    result: ExperimentConfig = from_dict(ExperimentConfig, data)
+    return result
+
+
+def evaluation_due(cfg: ExperimentConfig, rnd: int) -> bool:
+    """Whether round ``rnd`` is evaluated: every ``eval.every`` rounds, and always the last."""
+    return rnd == cfg.rounds or (cfg.eval.every > 0 and rnd % cfg.eval.every == 0)
+
+
+def dump_yaml(cfg: ExperimentConfig, path: str | os.PathLike[str]) -> None:
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+__all__ = [
+    "DataConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "OutputConfig",
+    "RayConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "dump_yaml",
+    "evaluation_due",
+    "from_dict",
+    "load_config_file",
+    "merge",
+    "replace",
+    "set_dotted",
+    "to_dict",
+]

@@ -1,0 +1,179 @@
+"""The federated view of a dataset: who trains on what, who tests on what (ALGORITHMS.md).
+
+:func:`build_federated_data` loads the dataset, partitions it over the clients and gives each client
+a local test set (P-Test); the official test set is kept whole as G-Test. Clients hold index arrays
+into shared arrays, so the data goes into Ray's object store once, images as raw uint8; a client
+gathers its samples as normalised float32 with :meth:`ArrayDataset.features`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.config import DataConfig
+from raysim.data.datasets import ArrayDataset, load_dataset
+from raysim.data.partition import label_entropy, matched_test_indices, partition_indices
+from raysim.errors import ConfigError
+from raysim.registry import TEST_MODES, load_ref, parse_partition, parse_test_mode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class FederatedData:
+    """A dataset split over clients.
+
+    ``client_train[i]`` indexes ``train`` and ``client_test[i]`` indexes ``ptest`` (sorted int64).
+    In ``matched`` test mode ``train`` is the official train set and ``ptest`` is ``gtest``; in
+    ``split`` mode ``train`` is the official train and test sets pooled and ``ptest`` is that same
+    object (uint8 images still, with the official sets' shared mean and std). ``gtest`` is always
+    the official test set, whole.
+    """
+
+    train: ArrayDataset
+    gtest: ArrayDataset
+    ptest: ArrayDataset
+    client_train: tuple[np.ndarray, ...]
+    client_test: tuple[np.ndarray, ...]
+    #: per client, indices into ``train`` held out from training (``data.val_fraction``); empty
+    #: arrays when there is no validation part
+    client_val: tuple[np.ndarray, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.client_train) != len(self.client_test):
+            raise ValueError("client_train and client_test must have one entry per client.")
+        if not self.client_val:
+            empty = tuple(np.zeros(0, dtype=np.int64) for _ in self.client_train)
+            object.__setattr__(self, "client_val", empty)
+        if len(self.client_val) != len(self.client_train):
+            raise ValueError("client_val must have one entry per client.")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+    @property
+    def num_classes(self) -> int:
+        return self.train.num_classes
+
+    def train_label_counts(self) -> np.ndarray:
+        """``(num_clients, num_classes)`` int64: each client's training samples per class."""
+        return _label_counts(self.train.y, self.client_train, self.num_classes)
+
+    def test_label_counts(self) -> np.ndarray:
+        """``(num_clients, num_classes)`` int64: the same for the clients' local test sets."""
+        return _label_counts(self.ptest.y, self.client_test, self.num_classes)
+
+
+def _label_counts(y: np.ndarray, parts: tuple[np.ndarray, ...], num_classes: int) -> np.ndarray:
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for i, idx in enumerate(parts):
+        counts[i] = np.bincount(y[idx], minlength=num_classes)
+    return counts
+
+
+Partition = Callable[[np.ndarray], list[np.ndarray]]
+
+
+def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
+    """Load ``cfg.dataset``, partition it over ``num_clients`` clients and build their test sets
+    by the registered test mode (:data:`raysim.registry.TEST_MODES`).
+
+    The partition draws from ``SeedSequence([seed, 1])`` and the test sets from
+    ``SeedSequence([seed, 2])``, so a seed gives the same split on every machine.
+    """
+    if num_clients < 1:
+        raise ConfigError(f"The number of clients must be at least 1, not {num_clients}.")
+    spec = parse_partition(cfg.partition)
+    test_mode = parse_test_mode(cfg.test_mode)
+    train, test = load_dataset(cfg, seed)
+    partition_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+    test_rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
+    num_classes = train.num_classes
+
+    def partition(labels: np.ndarray) -> list[np.ndarray]:
+        return partition_indices(labels, num_clients, spec, partition_rng, num_classes, cfg)
+
+    build = load_ref(TEST_MODES.get(test_mode.kind).build)
+    pool, ptest, client_train, client_test = build(train, test, test_mode.param, partition, test_rng)
+    del train  # where the mode pooled a copy, the official train set can go
+    data = FederatedData(pool, test, ptest, tuple(client_train), tuple(client_test))
+
+    if cfg.val_fraction > 0:  # each client's validation part: a seeded share of its training data
+        val_rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        kept, held = [], []
+        for part in data.client_train:
+            shuffled = val_rng.permutation(part)
+            n_val = split_test_size(len(part), cfg.val_fraction)
+            held.append(np.sort(shuffled[:n_val]))
+            kept.append(np.sort(shuffled[n_val:]))
+        data = FederatedData(data.train, data.gtest, data.ptest, tuple(kept), data.client_test, tuple(held))
+
+    sizes = np.array([len(i) for i in data.client_train])
+    logger.info(
+        "%s split over %d clients by %s (test mode %s): %d to %d training samples per client, "
+        "mean label entropy %.3f nats.",
+        data.train.name,
+        num_clients,
+        spec,
+        cfg.test_mode,
+        sizes.min(),
+        sizes.max(),
+        float(label_entropy(data.train_label_counts()).mean()),
+    )
+    return data
+
+
+TestSets = tuple[ArrayDataset, ArrayDataset, list[np.ndarray], list[np.ndarray]]
+
+
+def matched_test_sets(
+    train: ArrayDataset, test: ArrayDataset, param: None, partition: Partition, rng: np.random.Generator
+) -> TestSets:
+    """The ``matched`` test mode (Fed3+2p, FedDr+): the official train set is partitioned, and each
+    client's P-Test is drawn from the official test set to follow its training labels."""
+    client_train = partition(train.y)
+    client_test = matched_test_indices(
+        [train.y[idx] for idx in client_train], test.y, train.num_classes, len(test) / len(train), rng
+    )
+    return train, test, client_train, client_test
+
+
+def split_test_sets(
+    train: ArrayDataset, test: ArrayDataset, fraction: float, partition: Partition, rng: np.random.Generator
+) -> TestSets:
+    """The ``split:F`` test mode (FedFCD, as PFLlib does it): train and test are pooled, the pool
+    is partitioned, and F of each client's samples become its P-Test."""
+    if train.mean != test.mean or train.std != test.std or train.x.dtype != test.x.dtype:
+        raise ValueError(
+            f"The train and test sets of {train.name} cannot be pooled: they differ in dtype "
+            f"({train.x.dtype}, {test.x.dtype}) or normalisation (mean {train.mean} and "
+            f"{test.mean}, std {train.std} and {test.std})."
+        )
+    pooled = ArrayDataset(
+        np.concatenate([train.x, test.x]),
+        np.concatenate([train.y, test.y]),
+        train.num_classes,
+        train.name,
+        train.mean,
+        train.std,
+    )
+    client_train, client_test = [], []
+    for part in partition(pooled.y):
+        shuffled = rng.permutation(part)
+        n_test = split_test_size(len(part), fraction)
+        client_test.append(np.sort(shuffled[:n_test]))
+        client_train.append(np.sort(shuffled[n_test:]))
+    return pooled, pooled, client_train, client_test
+
+
+def split_test_size(n: int, fraction: float) -> int:
+    """How many of a client's ``n`` samples are its test set in split mode: ``round(fraction * n)``,
+    at least 1 and at most ``n - 1`` when ``n >= 2`` (FedFCD's 75/25 split per client)."""
+    if n < 2:
+        return 0
+    return min(n - 1, max(1, int(np.floor(fraction * n + 0.5))))

@@ -1,0 +1,51 @@
+"""Which of a round's jobs train together (``train.batch_clients``), the same for every executor.
+
+A batch is a set of jobs that carry the same payload and are all pinned to their clients' home
+workers or all not, taken in the order the server planned them and cut into pieces of at most K
+jobs: their chains' first clients train together, then their second ones, and so on. Jobs of one
+payload need not be neighbours in the plan (Fed3+2p's phase 2 plans its clients in sampled order,
+each with its Type-B group's payload): a round's jobs are independent of one another, and every
+result goes back to its job's place in the plan, so the aggregation sees them in plan order. (The
+Ray executor runs a pinned batch on its first client's home worker and moves the other clients'
+memories there and back.)
+The batches depend on the plan alone, never on the workers, so serial and Ray runs train the same
+clients together and give the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raysim.wire import Job
+
+
+def _same(a: object, b: object) -> bool:
+    """The same payload: one object, or one object in Ray's object store (equal ObjectRefs)."""
+    if a is b:
+        return True
+    return type(a).__name__ == "ObjectRef" and type(b) is type(a) and bool(a == b)
+
+
+def batch_units(jobs: Sequence[Job], k: int, pinned: bool = False) -> list[list[int]]:
+    """The round's jobs as units: lists of job indices, a batch (more than one job, trained
+    together) or a single job run as usual; ordered by their first job. Pinned jobs are batched
+    only with ``pinned`` (the algorithm's ``batches_pinned``)."""
+    if k <= 1:
+        return [[j] for j in range(len(jobs))]
+    groups: list[list[int]] = []  # jobs of one payload and pinning, in plan order
+    for j, job in enumerate(jobs):
+        if job.pinned and not pinned:
+            groups.append([j])
+            continue
+        for g in groups:
+            head = jobs[g[0]]
+            if (pinned or not head.pinned) and head.pinned == job.pinned and _same(head.payload, job.payload):
+                g.append(j)
+                break
+        else:
+            groups.append([j])
+    units = [g[i : i + k] for g in groups for i in range(0, len(g), k)]
+    return sorted(units, key=lambda u: u[0])
+
+
+__all__ = ["batch_units"]

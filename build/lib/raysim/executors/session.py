@@ -1,0 +1,163 @@
+"""Starting, joining and stopping Ray: the Ray executor's session.
+
+Local by default: Ray starts in this process's session, bound to loopback (no port of a laptop run
+needs to face the network; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every Ray address on
+127.0.0.1). With ``--address`` or ``RAY_ADDRESS`` (as under ``ray job submit``) it joins that cluster
+instead, after checking that the address answers at all, so a wrong address fails in seconds with one
+sentence rather than after Ray's long retries.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from raysim.config import ExperimentConfig
+from raysim.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def local_ray_environment() -> None:
+    """Environment for a Ray started here: loopback only, no usage reporting, and client workers at
+    normal priority. Ray starts its workers at niceness 15 (``RAY_worker_niceness``) to keep its
+    daemons responsive; raysim's workers are the computation, and at niceness 15 any other process
+    on the machine preempts them, which stalls intra-op threads waiting at their barriers."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+def cluster_address(cfg: ExperimentConfig) -> str | None:
+    """The cluster to join: ``ray.address``, else ``RAY_ADDRESS``; None (start Ray here) when
+    neither is set or the address is ``local`` (e.g. to resume a cluster's run on a laptop)."""
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    return None if address == "local" else address
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise ConfigError unless ``host:port`` (or ``ray://host:port``) accepts a TCP connection."""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    if target.startswith(("http", "https")):
+        return
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"The Ray address {address!r} is not of the form host:port.")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ConfigError(f"The Ray cluster at {address} cannot be reached ({e.strerror or e}).") from None
+
+
+def worker_runtime_env() -> dict[str, Any] | None:
+    """Workers must import raysim and algorithms. An installed raysim (``pip install -e .``, as
+    scripts/setup.sh does) needs nothing; otherwise the project root goes on the workers'
+    PYTHONPATH (a runtime environment costs each worker start about 0.7 s here)."""
+    env_vars = {}
+    try:
+        importlib.metadata.distribution("raysim")
+    except importlib.metadata.PackageNotFoundError:
+        env_vars["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+    if "RAYSIM_LOG_LEVEL" in os.environ:
+        env_vars["RAYSIM_LOG_LEVEL"] = os.environ["RAYSIM_LOG_LEVEL"]
+    return {"env_vars": env_vars} if env_vars else None
+
+
+def start_ray(cfg: ExperimentConfig) -> bool:
+    """Start local Ray or join the configured cluster. Returns True when this call started Ray (and
+    so should shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = cluster_address(cfg)
+    runtime_env = worker_runtime_env()
+    if address is not None:
+        check_reachable(address)
+        if address.split("://", 1)[-1].startswith(("127.0.0.1:", "localhost:")):
+            # a cluster on this machine's loopback (cluster/local_cluster.sh): without this, Ray
+            # would give the driver the machine's network address, which the cluster cannot reach
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
+        except Exception as e:  # connection and auth failures: the user's cluster, not a bug
+            reason = str(e).splitlines()[0].rstrip(".")
+            raise ConfigError(
+                f"Could not join the Ray cluster at {address} ({reason}); if it uses token authentication, "
+                "set RAY_AUTH_MODE=token and put its token in ~/.ray/auth_token or RAY_AUTH_TOKEN."
+            ) from None
+        log.info("joined the Ray cluster at %s", address)
+        return True
+    local_ray_environment()
+    kwargs: dict[str, object] = {}
+    if cfg.ray.object_store_mb:
+        kwargs["object_store_memory"] = cfg.ray.object_store_mb * 1024 * 1024
+    ray.init(
+        address="local",  # a new Ray of our own, even where `ray start` left a cluster running
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        runtime_env=runtime_env,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    log.info(
+        "started local Ray at %s (%s CPUs)",
+        ray.get_runtime_context().gcs_address,
+        ray.cluster_resources().get("CPU"),
+    )
+    return True
+
+
+def default_workers(cfg: ExperimentConfig) -> int:
+    """As many client workers as the cluster's CPUs (or GPUs, when workers take GPUs) allow."""
+    import ray
+
+    if cfg.ray.workers is not None:
+        return cfg.ray.workers
+    res = ray.cluster_resources()
+    counts = []
+    if cfg.ray.cpus_per_worker > 0:
+        counts.append(math.floor(res.get("CPU", 1) / cfg.ray.cpus_per_worker + 1e-9))
+    if cfg.ray.gpus_per_worker > 0:
+        counts.append(math.floor(res.get("GPU", 0) / cfg.ray.gpus_per_worker + 1e-9))
+    n = min(counts) if counts else 1
+    if n < 1:
+        raise ConfigError(
+            f"The Ray cluster has {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs, too few for one "
+            f"worker of {cfg.ray.cpus_per_worker:g} CPUs and {cfg.ray.gpus_per_worker:g} GPUs."
+        )
+    return n
+
+
+def check_resources(cfg: ExperimentConfig, workers: int) -> None:
+    import ray
+
+    res = ray.cluster_resources()
+    need_cpu = workers * cfg.ray.cpus_per_worker
+    need_gpu = workers * cfg.ray.gpus_per_worker
+    if need_cpu > res.get("CPU", 0) + 1e-9 or need_gpu > res.get("GPU", 0) + 1e-9:
+        raise ConfigError(
+            f"{workers} workers need {need_cpu:g} CPUs and {need_gpu:g} GPUs but the Ray cluster has "
+            f"{res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs."
+        )
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    sys.stdout.flush()

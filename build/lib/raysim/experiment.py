@@ -1,0 +1,202 @@
+"""From settings to a checked experiment, in the driver and before any work.
+
+:func:`resolve_config` puts the algorithm's paper setup beneath the given settings;
+:func:`validate` checks the whole config against the registries (:mod:`raysim.registry`): every
+setting's range, the names, the model against the dataset's input, the partition against the
+dataset's size and class count, the data directory and the algorithm's own parameters. None of it
+needs the data, Ray or PyTorch, so bad input ends in well under a second with one sentence.
+:func:`make_algorithm` builds the algorithm object a server or a client worker runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
+from raysim.errors import ConfigError
+from raysim.hooks import REG_NAMES, AlgorithmHooks, engine_params, engine_settings
+from raysim.plugins import load_plugins
+from raysim.registry import (
+    ALGORITHMS,
+    DATASETS,
+    EXECUTORS,
+    MODELS,
+    PARTITIONS,
+    TEST_MODES,
+    DatasetInfo,
+    dataset_info,
+    load_ref,
+    parse_partition,
+    parse_test_mode,
+)
+
+
+def algorithm_class(name: str) -> type[AlgorithmHooks]:
+    """The registered algorithm ``name``, or a user's own class named ``package.module:Class``
+    (importable on every worker), so a new algorithm needs no change to raysim."""
+    if ":" not in name:
+        cls: type[AlgorithmHooks] = ALGORITHMS.get(name)
+        return cls
+    try:
+        obj = load_ref(name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"The algorithm {name!r} cannot be imported ({e}).") from None
+    hooks = ("init", "plan", "aggregate", "local_update")
+    if not (isinstance(obj, type) and all(callable(getattr(obj, h, None)) for h in hooks)):
+        raise ConfigError(f"{name!r} is not an algorithm class (an algorithms.base.Algorithm subclass).")
+    return obj
+
+
+#: parameter names that cannot be Config fields (Python keywords), and the field each one sets
+KEYWORD_PARAMS = {"lambda": "lam"}
+
+
+def algorithm_params(cfg: ExperimentConfig) -> Any:
+    """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
+    checked against the rest of ``cfg``. ``algo.lambda`` sets the field ``lam``, and the class's
+    ``aliases`` name other fields."""
+    cls = algorithm_class(cfg.algo)
+    names = {**KEYWORD_PARAMS, **cls.aliases}
+    raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
+    # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
+    _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw})
+    params = from_dict(cls.Config, raw, where="algo")
+    cls.check(cfg, params)
+    return params
+
+
+def _check_engine_params(given: Mapping[str, Any]) -> None:
+    p = engine_settings(given)
+    if p.ft_epochs is not None and p.ft_epochs < 0:
+        raise ConfigError(f"algo.ft_epochs is a whole number of epochs, at least 0, not {p.ft_epochs!r}.")
+    if p.ft_lr is not None and p.ft_lr <= 0:
+        raise ConfigError(f"algo.ft_lr must be a positive number, not {p.ft_lr!r}.")
+    names = p.regularizers
+    if any(n not in REG_NAMES for n in names) or len(set(names)) < len(names):
+        raise ConfigError(f"algo.regularizers is a list of distinct names from {', '.join(REG_NAMES)}, not {list(names)!r}.")
+    if not 0.0 <= p.reg_beta < 1.0:
+        raise ConfigError(f"algo.reg_beta (the algorithm's own loss's weight) must be in [0, 1), not {p.reg_beta!r}.")
+    if p.reg_tau <= 0:
+        raise ConfigError(f"algo.reg_tau must be a positive temperature, not {p.reg_tau!r}.")
+
+
+def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:
+    load_plugins(cfg.plugins)  # a worker's first read of the registries (raysim.plugins)
+    return algorithm_class(cfg.algo)(cfg, algorithm_params(cfg))
+
+
+def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
+    """Nested settings (a config file merged with the command line) -> the experiment config, with
+    the algorithm's paper setup for the chosen dataset beneath them unless they say
+    ``paper_setup: false``."""
+    given: ExperimentConfig = from_dict(ExperimentConfig, settings)
+    if not given.paper_setup:
+        return given
+    base: dict[str, Any] = {}
+    setup = algorithm_class(given.algo).paper_setup(dataset_info(given.data))
+    for key, value in setup.items():
+        set_dotted(base, key, value)
+    resolved: ExperimentConfig = from_dict(ExperimentConfig, merge(base, settings))
+    return resolved
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` with one clear sentence for the first bad setting; everything
+    that can be known without the data, Ray or PyTorch."""
+    load_plugins(cfg.plugins)
+    if cfg.clients < 1:
+        raise ConfigError(f"The number of clients must be at least 1, not {cfg.clients}.")
+    if not 0.0 < cfg.participation <= 1.0:
+        raise ConfigError(f"The participation rate must be in (0, 1], not {cfg.participation}.")
+    if cfg.rounds < 1:
+        raise ConfigError(f"The number of rounds must be at least 1, not {cfg.rounds}.")
+    _check_training(cfg)
+    _check_ray(cfg)
+    EXECUTORS.get(cfg.ray.executor)
+    info = _check_data(cfg)
+    MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
+    algorithm_params(cfg)  # the algorithm's name, its parameters, and its own checks (check())
+    if cfg.train.batch_clients > 1:
+        cls = algorithm_class(cfg.algo)
+        if not cls.batchable:
+            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.unbatchable}")
+        if not MODELS.get(cfg.model).batchable:
+            raise ConfigError(
+                f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "
+                "layers, whose statistics one batched step cannot keep per client."
+            )
+
+
+def _check_training(cfg: ExperimentConfig) -> None:
+    t = cfg.train
+    if t.local_epochs < 0:
+        raise ConfigError(f"The local epochs must be at least 0, not {t.local_epochs}.")
+    if t.batch_size < 1:
+        raise ConfigError(f"The batch size must be at least 1, not {t.batch_size}.")
+    if t.lr <= 0:
+        raise ConfigError(f"The learning rate must be positive, not {t.lr}.")
+    if not 0 < t.lr_decay <= 1:
+        raise ConfigError(f"The learning-rate decay must be in (0, 1], not {t.lr_decay}.")
+    if any(not 0 < m < 1 for m in t.lr_milestones):
+        raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
+    if t.threads is not None and t.threads < 1:
+        raise ConfigError(f"The training threads must be at least 1, not {t.threads}.")
+    if t.batch_clients < 1:
+        raise ConfigError(f"train.batch_clients must be at least 1, not {t.batch_clients}.")
+    if cfg.eval.every < 0:
+        raise ConfigError(f"eval.every must be at least 0, not {cfg.eval.every}.")
+    if cfg.eval.last_k < 1:
+        raise ConfigError(f"eval.last_k must be at least 1, not {cfg.eval.last_k}.")
+    if cfg.output.checkpoint_every < 0:
+        raise ConfigError(f"output.checkpoint_every must be at least 0, not {cfg.output.checkpoint_every}.")
+
+
+def _check_ray(cfg: ExperimentConfig) -> None:
+    r = cfg.ray
+    if r.max_worker_restarts < 0:
+        raise ConfigError(f"ray.max_worker_restarts must be at least 0, not {r.max_worker_restarts}.")
+    if r.workers is not None and r.workers < 1:
+        raise ConfigError(f"The number of workers must be at least 1, not {r.workers}.")
+    if r.cpus_per_worker < 0 or r.gpus_per_worker < 0:
+        raise ConfigError("CPUs and GPUs per worker cannot be negative.")
+    if r.cpus_per_worker == 0 and r.gpus_per_worker == 0:
+        raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
+
+
+def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
+    d = cfg.data
+    entry = DATASETS.get(d.dataset)
+    if entry.reads_files and d.data_dir is not None and Path(d.data_dir).expanduser().exists():
+        if not Path(d.data_dir).expanduser().is_dir():
+            raise ConfigError(f"The data directory {d.data_dir} is a file, not a directory.")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"The validation fraction must be in [0, 1), not {d.val_fraction}.")
+    if d.class_order not in ("shuffled", "sequential"):
+        raise ConfigError(f"data.class_order is 'shuffled' or 'sequential', not {d.class_order!r}.")
+    if d.min_samples < 0:
+        raise ConfigError(f"data.min_samples must be at least 0, not {d.min_samples}.")
+    if d.samples_per_client < 1:
+        raise ConfigError(f"data.samples_per_client must be at least 1, not {d.samples_per_client}.")
+    info = entry.info(d.dataset, d)
+    if info.num_classes < 1 or info.train_size < 1 or info.test_size < 1 or not info.input_shape:
+        raise ConfigError(f"The {d.dataset} dataset needs at least 1 class, 1 training and 1 test sample.")
+    if any(s < 1 for s in info.input_shape):
+        raise ConfigError(f"The {d.dataset} samples' shape must be positive sizes, not {info.input_shape}.")
+    partition = parse_partition(d.partition)
+    test_mode = parse_test_mode(d.test_mode)
+    pool = info.train_size + (info.test_size if TEST_MODES.get(test_mode.kind).pools_test_set else 0)
+    feasible = load_ref(PARTITIONS.get(partition.kind).feasible)
+    feasible(partition.param, cfg.clients, info.num_classes, pool, d)
+    return info
+
+
+__all__ = [
+    "algorithm_class",
+    "algorithm_params",
+    "dataset_info",
+    "make_algorithm",
+    "resolve_config",
+    "validate",
+]

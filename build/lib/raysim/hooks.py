@@ -1,0 +1,135 @@
+"""What the engine asks of an algorithm: the hooks, as a typing protocol.
+
+The base class that implements them with their defaults is ``algorithms.base.Algorithm`` (DESIGN.md:
+the engine never imports ``algorithms/``; it finds algorithm classes through
+:data:`raysim.registry.ALGORITHMS` and calls them through this protocol).
+
+server side (in the server actor)
+    ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
+    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``, and what the runner logs
+    (``round_scalars``, ``round_texts``, ``round_images``) or asks (``wants_validation``,
+    ``observe_validation``)
+client side (in a client worker)
+    ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
+    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
+    ``personal_forward(model, eval_payload)``
+both (a static method)
+    ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
+    features), applied wherever the run builds its model
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from raysim.config import ExperimentConfig, from_dict
+from raysim.registry import DatasetInfo
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.models import SplitModel
+
+
+#: the settings of "-FT" fine-tuning (``algo.ft_epochs``, ``algo.ft_lr``), which every algorithm
+#: whose class ``fine_tunes`` takes besides its own Config
+FT_PARAMS = ("ft_epochs", "ft_lr")
+#: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
+#: and the distillation temperature ``reg_tau``), which every algorithm whose class is
+#: ``regularizable`` takes besides its own Config; and the regularisers' names
+#: (:data:`raysim.distill.REGULARIZERS`)
+REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
+REG_NAMES = ("prox", "kd", "ntd", "ld", "fd")
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """The engine's ``algo.*`` settings, typed as any Config's are (``--set algo.ft_epochs=1`` is an
+    int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
+
+    ft_epochs: int | None = None  # None: the class's ft_default_epochs
+    ft_lr: float | None = None  # None: the initial learning rate
+    regularizers: tuple[str, ...] = ()
+    reg_beta: float = 0.9
+    reg_tau: float = 3.0
+
+
+def engine_settings(algo_params: Any) -> EngineParams:
+    """The engine's settings among an experiment's ``algo_params`` (the rest are the Config's)."""
+    names = FT_PARAMS + REG_PARAMS
+    return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
+
+
+def engine_params(cls: type) -> tuple[str, ...]:
+    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
+    return (FT_PARAMS if getattr(cls, "fine_tunes", False) else ()) + (
+        REG_PARAMS if getattr(cls, "regularizable", False) else ()
+    )
+
+
+class AlgorithmHooks(Protocol):
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    has_global_model: ClassVar[bool]
+    has_personal_model: ClassVar[bool]
+    fine_tunes: ClassVar[bool]
+    regularizable: ClassVar[bool]
+    prologue: ClassVar[bool]
+    epilogue: ClassVar[bool]
+    batchable: ClassVar[bool]
+    batches_pinned: ClassVar[bool]
+    unbatchable: ClassVar[str]
+    aliases: ClassVar[dict[str, str]]
+
+    def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @classmethod
+    def evaluates_personal(cls, cfg: ExperimentConfig) -> bool: ...
+
+    @classmethod
+    def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]: ...
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @staticmethod
+    def adapt_model(model: SplitModel) -> SplitModel: ...
+
+    # server side
+    def init(self, ctx: ServerContext) -> Any: ...
+
+    def plan(self, state: Any, rnd: int, sampled: Sequence[int]) -> list[Job]: ...
+
+    def aggregate(self, state: Any, rnd: int, results: Sequence[JobResult]) -> Any: ...
+
+    def eval_payload(self, state: Any) -> Any: ...
+
+    def round_scalars(self, state: Any, rnd: int) -> dict[str, float]: ...
+
+    def round_texts(self, state: Any, rnd: int) -> dict[str, str]: ...
+
+    def round_images(self, state: Any, rnd: int) -> dict[str, np.ndarray]: ...
+
+    def wants_validation(self, state: Any, rnd: int) -> bool: ...
+
+    def observe_validation(self, state: Any, rnd: int, accuracy: float) -> Any: ...
+
+    # client side
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult: ...
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]: ...
+
+    def continue_chain(self, payload: Any, prev: ClientResult) -> Any: ...
+
+    def global_model(self, model: SplitModel, eval_payload: Any) -> SplitModel | None: ...
+
+    def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None: ...
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any: ...
+
+
+__all__ = ["AlgorithmHooks"]

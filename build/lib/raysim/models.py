@@ -1,0 +1,374 @@
+"""Models with named parts: ``extractor | filter | head`` plus a personal head ``phead`` (PyTorch).
+
+ALGORITHMS.md, "Models": every model is a :class:`SplitModel` whose parts are real ``nn.Module``s, so an
+algorithm can freeze, share or keep personal any part by name. A model without a filter uses the
+identity; ``phead`` has ``head``'s shape. Each builder takes the input shape and class count, so the
+same model runs on the real dataset it was written for and on synthetic data of another size.
+
+The builders are listed, with what they need of the input, in the model registry
+(:data:`raysim.registry.MODELS`), which the driver reads without importing this module. Here too:
+reading and writing a model's parts as the flat arrays of :class:`raysim.weights.ModelWeights`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.errors import ConfigError
+from raysim.weights import PARTS, ModelWeights
+
+__all__ = ["L2Normalize", "SplitModel", "build_model", "float_tensors", "get_weights", "set_weights"]
+
+
+class SplitModel(nn.Module):
+    """extractor -> filter -> head (the global path); ``phead`` is the personal classifier.
+
+    ``feature_dim`` is the size of the extractor's output z (used by prototype and ETF methods);
+    ``filter_dim`` is the size after the filter, the input of both heads.
+    """
+
+    def __init__(
+        self,
+        extractor: nn.Module,
+        filter: nn.Module,
+        head: nn.Linear,
+        feature_dim: int,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        self.extractor = extractor
+        self.filter = filter
+        self.head = head
+        self.phead = nn.Linear(head.in_features, head.out_features)
+        self.feature_dim = feature_dim
+        self.filter_dim = head.in_features
+        self.num_classes = num_classes
+
+    def part(self, name: str) -> nn.Module:
+        if name not in PARTS:
+            raise KeyError(f"unknown model part {name!r}")
+        module: nn.Module = getattr(self, name)
+        return module
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """z = extractor(x)."""
+        out: torch.Tensor = self.extractor(x)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The global path: head(filter(extractor(x)))."""
+        out: torch.Tensor = self.head(self.filter(self.extractor(x)))
+        return out
+
+    def personal_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The personal path: phead(filter(extractor(x)))."""
+        out: torch.Tensor = self.phead(self.filter(self.extractor(x)))
+        return out
+
+
+class L2Normalize(nn.Module):
+    """x / max(||x||_2, eps) per row: features on the unit hypersphere (SphereFed, FedETF)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(x, dim=1, eps=1e-12)
+
+
+def _flat_dim(module: nn.Module, input_shape: Sequence[int]) -> int:
+    with torch.no_grad():
+        return int(module(torch.zeros(1, *input_shape)).shape[1])
+
+
+def _conv_stack(
+    in_ch: int,
+    channels: Sequence[int],
+    kernel: int,
+    act: Callable[[], nn.Module],
+    padding: int = 0,
+    pool_after: Sequence[bool] | None = None,
+) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    pools = pool_after if pool_after is not None else [True] * len(channels)
+    for out_ch, pool in zip(channels, pools, strict=True):
+        layers += [nn.Conv2d(in_ch, out_ch, kernel, padding=padding), act()]
+        if pool:
+            layers.append(nn.MaxPool2d(2))
+        in_ch = out_ch
+    return layers
+
+
+def _with_fc(
+    convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module
+) -> tuple[nn.Sequential, int]:
+    """convs, flatten, then FC ``width`` + act: the extractor of FedFCD's and FedPAC's CNNs."""
+    body = nn.Sequential(*convs, nn.Flatten())
+    flat = _flat_dim(body, input_shape)
+    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, width), act), width
+
+
+def cnn3p2(
+    input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int
+) -> SplitModel:
+    """Fed3+2p's ConvNet (seed 002, "Backbones"): convolutions with ReLU and max-pool as the
+    extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head."""
+    pools = [True] * len(channels)
+    if len(channels) == 3:  # the CIFAR net: conv-pool, conv-pool, conv
+        pools[-1] = False
+    extractor = nn.Sequential(
+        *_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools), nn.Flatten()
+    )
+    d = _flat_dim(extractor, input_shape)
+    filt = nn.Sequential(nn.Linear(d, hidden), nn.ReLU())
+    return SplitModel(extractor, filt, nn.Linear(hidden, num_classes), d, num_classes)
+
+
+def cnn3p2_fmnist(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """conv 32, conv 64 (5x5, ReLU, max-pool 2) | FC 50 | FC 10."""
+    return cnn3p2(input_shape, num_classes, (32, 64), 5, 50)
+
+
+def cnn3p2_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """conv 32, 64, 64 (3x3, ReLU; max-pool after the first two) | FC 64 | FC 10/100."""
+    return cnn3p2(input_shape, num_classes, (32, 64, 64), 3, 64)
+
+
+def mlp_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedFCD's FMNIST MLP (seed 003): 784 -> 100 ReLU | - | 100 -> 10."""
+    n_in = 1
+    for s in input_shape:
+        n_in *= s
+    extractor = nn.Sequential(nn.Flatten(), nn.Linear(n_in, 100), nn.ReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(100, num_classes), 100, num_classes)
+
+
+def cnn_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedFCD's CIFAR-10 CNN (McMahan et al. 2017): conv 32, conv 64 (5x5 'same', max-pool 2),
+    FC 512 ReLU | - | FC 10."""
+    convs = _conv_stack(input_shape[0], (32, 64), 5, nn.ReLU, padding=2)
+    extractor, d = _with_fc(convs, input_shape, 512, nn.ReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
+
+
+def _pac(input_shape: Sequence[int], num_classes: int, channels: Sequence[int]) -> SplitModel:
+    layers: list[nn.Module] = []
+    in_ch = input_shape[0]
+    for i, out_ch in enumerate(channels):
+        layers += [nn.Conv2d(in_ch, out_ch, 5 if i < 2 else 3)]
+        if i < 2:
+            layers.append(nn.MaxPool2d(2))
+        layers.append(nn.LeakyReLU())
+        in_ch = out_ch
+    extractor, d = _with_fc(layers, input_shape, 128, nn.LeakyReLU())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
+
+
+def cnn_pac(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedPAC's (E)MNIST/FMNIST CNN (seed 001, the authors' code): conv 16, conv 32 (5x5, max-pool,
+    LeakyReLU), FC 128 LeakyReLU | - | FC C."""
+    return _pac(input_shape, num_classes, (16, 32))
+
+
+def cnn_pac_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """FedPAC's CIFAR/CINIC CNN: as ``cnn_pac`` plus a 3x3 conv 64, then FC 128 | - | FC C."""
+    return _pac(input_shape, num_classes, (16, 32, 64))
+
+
+def vgg11(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """VGG-11 for 32x32 inputs (Simonyan and Zisserman 2015, as FedBABU and FedDr+ use it on
+    CIFAR-10): the eight 3x3 convolutions with ReLU and five max-pools, then FC 512, ReLU, FC 512,
+    ReLU | - | FC C. No batch normalisation."""
+    cfg: list[int | str] = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+    layers: list[nn.Module] = []
+    in_ch = input_shape[0]
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(in_ch, int(v), 3, padding=1), nn.ReLU(inplace=True)]
+            in_ch = int(v)
+    body = nn.Sequential(*layers, nn.Flatten())
+    flat = _flat_dim(body, input_shape)
+    extractor = nn.Sequential(
+        *layers,
+        nn.Flatten(),
+        nn.Linear(flat, 512),
+        nn.ReLU(inplace=True),
+        nn.Linear(512, 512),
+        nn.ReLU(inplace=True),
+    )
+    return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
+
+
+class _DepthwiseSeparable(nn.Module):
+    def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_ch, in_ch, 3, stride, 1, groups=in_ch, bias=False),
+            nn.BatchNorm2d(in_ch),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(in_ch, out_ch, 1, bias=False),
+            nn.BatchNorm2d(out_ch),
+            nn.ReLU(inplace=True),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+def mobilenet(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """MobileNet (v1, Howard et al. 2017) for 32x32 inputs, as FedBABU and FedDr+ use it on
+    CIFAR-100: a 3x3 conv 32 (stride 1), thirteen depthwise-separable blocks up to 1024 channels,
+    global average pooling | - | FC C (d = 1024)."""
+    plan = [64, (128, 2), 128, (256, 2), 256, (512, 2), 512, 512, 512, 512, 512, (1024, 2), 1024]
+    layers: list[nn.Module] = [
+        nn.Conv2d(input_shape[0], 32, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+    ]
+    in_ch = 32
+    for item in plan:
+        out_ch, stride = item if isinstance(item, tuple) else (item, 1)
+        layers.append(_DepthwiseSeparable(in_ch, out_ch, stride))
+        in_ch = out_ch
+    extractor = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    return SplitModel(extractor, nn.Identity(), nn.Linear(1024, num_classes), 1024, num_classes)
+
+
+def resnet18(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """torchvision's ResNet-18 adapted to 32x32 inputs (a 3x3 stride-1 first convolution, no
+    max-pool), as FedFCD uses it on CIFAR-100: everything up to the global pooling | - | FC C (d = 512)."""
+    import torchvision
+
+    net = torchvision.models.resnet18(num_classes=num_classes)
+    net.conv1 = nn.Conv2d(input_shape[0], 64, 3, 1, 1, bias=False)
+    net.maxpool = nn.Identity()
+    extractor = nn.Sequential(
+        net.conv1,
+        net.bn1,
+        net.relu,
+        net.layer1,
+        net.layer2,
+        net.layer3,
+        net.layer4,
+        net.avgpool,
+        nn.Flatten(),
+    )
+    return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
+
+
+def build_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    adapt: Callable[[SplitModel], SplitModel] | None = None,
+) -> SplitModel:
+    """Build the registered model ``name`` with parameters drawn from ``seed`` alone (the global
+    generator is untouched); ``adapt`` (an algorithm's :meth:`~algorithms.base.Algorithm.adapt_model`)
+    then changes its parts, drawing any new parameters from the same seeded generator."""
+    from raysim.registry import MODELS
+
+    spec = MODELS.get(name)
+    spec.check_input(name, tuple(input_shape))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model: SplitModel = spec.build(tuple(input_shape), num_classes)
+        except RuntimeError as e:  # e.g. an input too small for the convolutions
+            raise ConfigError(
+                f"The model {name} does not fit inputs of shape {tuple(input_shape)}: {e}."
+            ) from None
+        if adapt is not None:
+            model = adapt(model)
+    return model
+
+
+# --------------------------------------------------------------------------------------------------
+# a model's parts as flat arrays
+
+
+def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The floating-point tensors of ``module``'s state (parameters and buffers such as batch-norm
+    statistics), in the order a flat part lays them out."""
+    return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+
+
+def get_part(model: SplitModel, part: str) -> np.ndarray:
+    tensors = float_tensors(model.part(part))
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]).to("cpu", torch.float32)
+    return flat.numpy()
+
+
+def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
+    tensors = float_tensors(model.part(part))
+    total = sum(t.numel() for t in tensors)
+    if flat.size != total:
+        raise ValueError(f"part {part} has {total} values, got {flat.size}")
+    with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
+        warnings.simplefilter("ignore", UserWarning)
+        src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(src[offset : offset + n].view_as(t))
+            offset += n
+
+
+def get_weights(model: SplitModel, parts: Sequence[str]) -> ModelWeights:
+    return ModelWeights(**{p: get_part(model, p) for p in parts})
+
+
+def set_weights(model: SplitModel, weights: ModelWeights) -> None:
+    for name, arr in weights.items():
+        set_part(model, name, arr)
+
+
+def parameters_of(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Parameter]:
+    """The parameters of ``parts``, in the order an optimizer over them holds them."""
+    return [p for part in parts for p in model.part(part).parameters()]
+
+
+def parameter_views(model: SplitModel, flat: ModelWeights, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """The trainable-parameter entries of ``flat`` (laid out as the model's parts: every floating
+    tensor, parameters and buffers) as tensors shaped like the parameters of ``flat``'s parts, in
+    the order ``module.parameters()`` gives them (the optimizer's order): e.g. a control variate
+    or momentum buffers that travel as ModelWeights."""
+    out: list[torch.Tensor] = []
+    for part, arr in flat.items():
+        src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(device)
+        offset = 0
+        for t in float_tensors(model.part(part)):
+            n = t.numel()
+            if isinstance(t, torch.nn.Parameter):
+                out.append(src[offset : offset + n].view_as(t))
+            offset += n
+    return out
+
+
+def flat_from_parameters(model: SplitModel, parts: Sequence[str], tensors: Sequence[torch.Tensor]) -> ModelWeights:
+    """The inverse of :func:`parameter_views`: one tensor per parameter of ``parts`` (in order) laid
+    out as the parts' flat arrays, zero where the part holds a buffer."""
+    out: dict[str, np.ndarray] = {}
+    i = 0
+    for part in parts:
+        tensors_of_part = float_tensors(model.part(part))
+        arr = np.zeros(sum(t.numel() for t in tensors_of_part), dtype=np.float32)
+        pos = 0
+        for t in tensors_of_part:
+            n = t.numel()
+            if isinstance(t, torch.nn.Parameter):
+                arr[pos : pos + n] = tensors[i].detach().reshape(-1).cpu().numpy()
+                i += 1
+            pos += n
+        out[part] = arr
+    if i != len(tensors):
+        raise ValueError(f"{len(tensors)} tensors for the {i} parameters of {tuple(parts)}")
+    return ModelWeights(**out)

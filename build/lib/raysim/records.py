@@ -1,0 +1,101 @@
+"""The small records that travel back to the driver: round statistics and evaluation counts.
+
+Plain dataclasses of numbers and NumPy arrays, so the driver reads them without PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """What the driver learns of a round."""
+
+    rnd: int
+    clients: int
+    train_loss: float  # sample-weighted mean over the round's clients
+    num_samples: int
+    bytes_down: int
+    bytes_up: int
+    samples_trained: int = 0  # samples the round's clients trained on, every pass counted
+    client_epochs: float = 0.0  # the same in passes over each client's data: sum of samples_trained / n_k
+    scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
+    texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
+    images: tuple[tuple[str, Any], ...] = ()  # (tag, uint8 image) (Algorithm.round_images)
+    validate: bool = False  # the algorithm asks for the global model's validation accuracy
+    #: ``eval.analyses``: (client, its local model's ``local_*`` values) for the round's clients
+    client_analyses: tuple[tuple[int, dict[str, float | None]], ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """Samples the global model predicts: ``indices`` into ``data.ptest`` or ``data.gtest``."""
+
+    pool: str  # "ptest" | "gtest" | "train" (the clients' validation parts)
+    indices: np.ndarray
+
+
+@dataclass(frozen=True)
+class EvalPart:
+    """One worker's share of an evaluation."""
+
+    global_correct: tuple[np.ndarray, ...]  # per target: a bool per sample
+    personal_correct: tuple[tuple[int, int | None], ...]  # (client, correct on its P-Test)
+    #: ``eval.analyses``: per target, cos(f(x), v_y) and ||f(x)|| per sample (else empty)
+    global_align: tuple[np.ndarray, ...] = ()
+    global_norm: tuple[np.ndarray, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    """Correct predictions on one client's P-Test (None where the model does not exist)."""
+
+    client: int
+    n_test: int
+    gm_correct: int | None
+    lm_correct: int | None
+    #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.analysis)
+    gm_split: dict[str, float | None] | None = None
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    clients: tuple[ClientEval, ...]
+    gtest_correct: int | None
+    gtest_total: int
+    #: ``eval.analyses``: the global model's accuracy on each class of G-Test
+    gm_class_acc: list[float | None] | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything an executor holds of a run at a round boundary: the server state and every
+    client's memory (``raysim.context.ClientMemory``) as of the completed round ``round`` (0: after
+    the prologue; -1: nothing completed yet). A checkpoint embeds one; ``Executor.restore`` puts
+    one back."""
+
+    round: int
+    server_state: Any
+    client_states: dict[int, Any]
+
+
+@dataclass
+class RunTotals:
+    """What a run has spent so far: wall time training and evaluating, and compute (the samples
+    its clients trained on, and the same in client-epochs). Kept in checkpoints, so a resumed run
+    goes on counting."""
+
+    train_time_s: float = 0.0  # the rounds' wall times, training only
+    eval_time_s: float = 0.0
+    samples_trained: int = 0
+    client_epochs: float = 0.0
+
+    def add_round(self, stats: RoundStats, round_time: float, eval_time: float) -> None:
+        self.train_time_s += round_time
+        self.eval_time_s += eval_time
+        self.samples_trained += stats.samples_trained
+        self.client_epochs += stats.client_epochs

@@ -1,0 +1,762 @@
+"""Suites: a whole table (configurations x seeds) as one command, on Ray Tune.
+
+A :class:`Suite` is a list of named configurations (a paper table's rows), optionally crossed with a
+grid of settings, times seeds; or a search over ranges of settings (any Tune search algorithm and
+scheduler). :func:`run_suite` runs every trial on one Ray cluster with Ray Tune: each trial is one
+raysim experiment inside its own placement group (a head bundle for the trial's driver and server,
+one bundle per client worker with the run's CPU and GPU shares), so trials queue when the cluster is
+full instead of oversubscribing it. A trial runs :func:`raysim.runner.run_experiment` exactly as
+``scripts/run.py`` would, with the same settings, so its numbers are that run's.
+
+The suite directory holds ``suite.yaml`` (the suite), ``runs/<trial>/`` (each trial's run
+directory: Parquet tables, TensorBoard, config, checkpoints), ``tune/`` (Tune's own state, for
+``--resume``), and once the trials are done ``metrics.parquet`` (every trial's rows, with their
+configuration and seed), ``summary.json`` (per configuration the mean and std over seeds of the
+final, best and last-k metrics) and ``report.md`` with curves banded over seeds
+(:mod:`raysim.report`). An interrupted suite (Ctrl-C, a lost driver) is finished by
+:func:`run_suite` with ``resume=True`` (Tune's restore): finished trials are not run again, and the
+ones that were running go on from their raysim checkpoint.
+
+The run directories must be reachable from every node that runs a trial (one machine, or a shared
+file system on a cluster), as the trials write them and the driver collects them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.config import ExperimentConfig, load_config_file, set_dotted
+from raysim.errors import ConfigError
+from raysim.metrics import METRICS, MetricHistory
+from raysim.output import BaseCallback
+
+log = logging.getLogger(__name__)
+
+SUITE_FILE = "suite.yaml"
+STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
+TRIAL_FILE = "trial.json"  # in a trial's run directory: its configuration, seed and sampled settings
+#: range syntax for a searched setting: ``loguniform(1e-3, 1e-1)``, ``choice(3, 5, 10)``, ...
+_RANGE = re.compile(r"^\s*(uniform|loguniform|randint|qrandint|choice|quniform)\s*\((.*)\)\s*$")
+#: scheduler names that are easier to remember than Tune's own
+_SCHEDULER_NAMES = {"asha": "async_hyperband"}
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """One configuration of a suite (a row of its table): settings over the suite's base."""
+
+    name: str
+    settings: Mapping[str, Any] = field(default_factory=dict)  # dotted keys
+    paper: str = ""  # the paper's figure for this row, shown beside it
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """A search over ranges of settings (beyond grids): a Tune search algorithm and scheduler."""
+
+    space: Mapping[str, str]  # dotted key -> range, e.g. "loguniform(1e-3, 1e-1)"
+    algorithm: str = "random"  # any of Tune's create_searcher names
+    samples: int = 4
+    scheduler: str | None = None  # any of Tune's create_scheduler names, or "asha"
+    metric: str = "gm_gtest"
+    mode: str = "max"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    base: Mapping[str, Any]  # dotted settings of every trial
+    configs: tuple[SuiteConfig, ...]
+    seeds: tuple[int, ...] = (0,)
+    search: SearchSpec | None = None
+    #: CPUs reserved for a trial's driver and server (the head bundle); 0: none, as a run.py driver
+    driver_cpus: float = 0.0
+    description: str = ""
+    #: a baseline (e.g. FedAvg) each configuration is paired with at equal compute: its rounds and
+    #: epochs, and the clients a round that train as many client-epochs
+    equal_compute: SuiteConfig | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One experiment of a suite: a configuration with a seed (and sampled settings, if searched)."""
+
+    config: str
+    seed: int
+    settings: Mapping[str, Any]  # dotted: the suite's base, then the configuration's
+
+    @property
+    def name(self) -> str:
+        return f"{self.config}-seed{self.seed}"
+
+
+# --------------------------------------------------------------------------------------------------
+# reading a suite
+
+
+def setting_key(name: str) -> str:
+    """A setting as a dotted config key: ``train.lr`` stays, a flag's name (``rounds``,
+    ``local_epochs``, ``dataset``) becomes its key."""
+    from raysim.flags import FLAGS
+
+    if "." in name or name in {f.name for f in dataclasses.fields(ExperimentConfig)}:
+        return name
+    if name in FLAGS:
+        return FLAGS[name][0]
+    if name.replace("-", "_") in FLAGS:
+        return FLAGS[name.replace("-", "_")][0]
+    raise ConfigError(f"{name!r} is neither a setting (e.g. train.lr) nor a flag of run.py.")
+
+
+def dotted(settings: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"{where} must be a table of settings, not {settings!r}.")
+    return {setting_key(str(k)): v for k, v in settings.items()}
+
+
+def parse_seeds(text: str | int | Sequence[int]) -> tuple[int, ...]:
+    """``3`` -> (3,); ``0-4`` -> (0, ..., 4); ``0,2,5`` -> (0, 2, 5); a list as it is."""
+    if isinstance(text, int):
+        return (text,)
+    if not isinstance(text, str):
+        return tuple(int(s) for s in text)
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+        except ValueError:
+            raise ConfigError(f"Seeds are numbers and ranges like 0-4,7, not {text!r}.") from None
+    if not seeds:
+        raise ConfigError("A suite needs at least one seed.")
+    return tuple(dict.fromkeys(seeds))
+
+
+def expand_grid(
+    configs: Sequence[SuiteConfig], grid: Mapping[str, Sequence[Any]], base_algo: str = "fedavg"
+) -> tuple[SuiteConfig, ...]:
+    """Every configuration times every combination of the grid's values. A grid key of an
+    algorithm's parameters (``algo.X``) applies to the algorithms that have it (a configuration's,
+    else ``base_algo``); for the others it is left out, so they run once instead of once per value."""
+    if not grid:
+        return tuple(configs)
+    keys = list(grid)
+    out: dict[str, SuiteConfig] = {}
+    for config in configs or [SuiteConfig("")]:
+        for values in itertools.product(*(grid[k] for k in keys)):
+            settings = dict(config.settings)
+            label = []
+            for k, v in zip(keys, values, strict=True):
+                settings[k] = v
+            algo = str(settings.get("algo", base_algo))
+            for k, v in zip(keys, values, strict=True):
+                if k.startswith("algo.") and not _algorithm_has(algo, k.split(".", 1)[1]):
+                    del settings[k]
+                else:  # fed3p2, or local_epochs=2 (a key's last part), or regularizers=kd+fd
+                    text = ("+".join(map(str, v)) or "none") if isinstance(v, (list, tuple)) else str(v)
+                    label.append(text if k == "algo" else f"{k.rsplit('.', 1)[-1]}={text}")
+            name = "_".join(x for x in [config.name, *label] if x) or "run"
+            out.setdefault(_safe(name), SuiteConfig(_safe(name), settings, config.paper))
+    return tuple(out.values())
+
+
+def _algorithm_has(algo: str, param: str) -> bool:
+    from raysim.experiment import KEYWORD_PARAMS, algorithm_class
+    from raysim.hooks import engine_params
+
+    cls = algorithm_class(algo)
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    if param in engine_params(cls):
+        return True
+    return param in names or KEYWORD_PARAMS.get(param) in names or param in cls.aliases
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name).strip("_") or "run"
+
+
+def load_suite(path: str | Path) -> Suite:
+    """A suite from its YAML (or TOML/JSON) file: ``name``, ``description``, ``base`` (settings
+    of every trial), ``configs`` (a list of ``{name, set, paper}``), ``grid`` (settings to cross
+    every configuration with), ``seeds``, ``search`` and ``driver_cpus``."""
+    data = load_config_file(path)
+    known = {"name", "description", "base", "configs", "grid", "seeds", "search", "driver_cpus", "equal_compute"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"Unknown suite entry {unknown[0]!r} in {path} (known: {', '.join(sorted(known))}).")
+    configs = []
+    for i, entry in enumerate(data.get("configs") or []):
+        if not isinstance(entry, Mapping) or "name" not in entry:
+            raise ConfigError(f"Configuration {i + 1} of {path} needs a name (and its settings under 'set').")
+        configs.append(
+            SuiteConfig(_safe(str(entry["name"])), dotted(entry.get("set"), f"{entry['name']}.set"), str(entry.get("paper", "")))
+        )
+    grid = {k: _as_list(v) for k, v in dotted(data.get("grid"), "grid").items()}
+    search = data.get("search")
+    pair = data.get("equal_compute")
+    if pair is not None and (not isinstance(pair, Mapping) or "name" not in pair):
+        raise ConfigError(f"equal_compute in {path} is a configuration: a name and its settings under 'set'.")
+    return make_suite(
+        name=str(data.get("name") or Path(path).stem),
+        base=dotted(data.get("base"), "base"),
+        configs=configs,
+        grid=grid,
+        seeds=parse_seeds(data.get("seeds", 0)),
+        search=_search(search) if search else None,
+        driver_cpus=float(data.get("driver_cpus", 0.0)),
+        description=str(data.get("description", "")),
+        equal_compute=SuiteConfig(_safe(str(pair["name"])), dotted(pair.get("set"), "equal_compute.set"))
+        if pair is not None
+        else None,
+    )
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _search(data: Mapping[str, Any]) -> SearchSpec:
+    if not isinstance(data, Mapping) or "space" not in data:
+        raise ConfigError("A suite's search needs a space: ranges of settings, e.g. train.lr: loguniform(1e-3, 0.1).")
+    space = {k: str(v) for k, v in dotted(data["space"], "search.space").items()}
+    return SearchSpec(
+        space=space,
+        algorithm=str(data.get("algorithm", "random")),
+        samples=int(data.get("samples", 4)),
+        scheduler=data.get("scheduler"),
+        metric=str(data.get("metric", "gm_gtest")),
+        mode=str(data.get("mode", "max")),
+    )
+
+
+def make_suite(
+    name: str,
+    base: Mapping[str, Any],
+    configs: Sequence[SuiteConfig],
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int],
+    search: SearchSpec | None = None,
+    driver_cpus: float = 0.0,
+    description: str = "",
+    equal_compute: SuiteConfig | None = None,
+) -> Suite:
+    """The suite, checked: every trial's config validates (as run.py's would) before any work."""
+    if not configs and not grid:  # one configuration: the base settings alone
+        configs = [SuiteConfig(_safe(str(base.get("algo", "fedavg"))))]
+    suite = Suite(
+        name=_safe(name),
+        base=dict(base),
+        configs=expand_grid(configs, grid, str(base.get("algo", "fedavg"))),
+        seeds=tuple(seeds),
+        search=search,
+        driver_cpus=driver_cpus,
+        description=description,
+        equal_compute=equal_compute,
+    )
+    if not suite.configs:
+        raise ConfigError(f"The suite {name} has no configuration to run.")
+    names = [c.name for c in suite.configs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"The suite {name} names two configurations alike: {sorted(names)}.")
+    if driver_cpus < 0:
+        raise ConfigError(f"driver_cpus must be at least 0, not {driver_cpus}.")
+    if search is not None:
+        _check_search(search)
+    for trial in trials(suite):
+        experiment_config(trial, Path("."))  # every trial validates now, not after hours of others
+    if equal_compute is not None:
+        pair = {**base_for(suite.base, equal_compute.settings), **equal_compute.settings}
+        experiment_config(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
+    return suite
+
+
+def _check_search(search: SearchSpec) -> None:
+    for key, text in search.space.items():
+        if not _RANGE.match(text):
+            raise ConfigError(
+                f"The search range of {key} is {text!r}; write uniform(a, b), loguniform(a, b), randint(a, b), "
+                "quniform(a, b, q), qrandint(a, b, q) or choice(x, y, ...)."
+            )
+    if search.samples < 1:
+        raise ConfigError(f"A search needs at least 1 sample, not {search.samples}.")
+    if search.mode not in ("max", "min"):
+        raise ConfigError(f"The search's mode is max or min, not {search.mode!r}.")
+
+
+def trials(suite: Suite) -> list[Trial]:
+    """Every configuration with every seed, in table order."""
+    return [
+        Trial(c.name, seed, with_references(base_for(suite.base, c.settings), c.settings))
+        for c in suite.configs
+        for seed in suite.seeds
+    ]
+
+
+def base_for(base: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The suite's base beneath a configuration: without the algorithm parameters (``algo.X``) of
+    the base's algorithm that the configuration's algorithm does not take (a suite of Fed3+2p's
+    readings with its FedAvg baseline, say)."""
+    algo = str(settings.get("algo", base.get("algo", "fedavg")))
+    return {k: v for k, v in base.items() if not k.startswith("algo.") or _algorithm_has(algo, k.split(".", 1)[1])}
+
+
+_REFERENCE = re.compile(r"^\{(.+)\}$")
+
+
+def with_references(base: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``settings`` over it, where a value ``{expression}`` is computed from the
+    values before it was set, e.g. Fed3+2p's ``algo.phase1_rounds: "{rounds}"`` with
+    ``rounds: "{rounds * 3 // 2}"`` (the last part of a key names its value: ``rounds``,
+    ``local_epochs``; whole numbers, + - * //)."""
+    import ast
+
+    merged = {**base, **settings}
+    plain = {k: v for k, v in merged.items() if not (isinstance(v, str) and _REFERENCE.match(v))}
+    names = {k.rsplit(".", 1)[-1]: v for k, v in {**base, **plain}.items() if not isinstance(v, str) or not _REFERENCE.match(v)}
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return int(names[node.id])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            a, b = value(node.left), value(node.right)
+            ops = {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b, ast.FloorDiv: a // b if b else 0}
+            return ops[type(node.op)]
+        raise ConfigError(f"{ast.unparse(node)!r} is not a whole-number expression of the settings ({', '.join(names)}).")
+
+    out = dict(plain)
+    for key, v in merged.items():
+        if key not in plain:
+            expr = _REFERENCE.match(v)
+            assert expr is not None
+            try:
+                out[key] = value(ast.parse(expr.group(1), mode="eval").body)
+            except SyntaxError:
+                raise ConfigError(f"The setting {key} = {v!r} is not an expression.") from None
+    return out
+
+
+def experiment_config(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | None = None) -> ExperimentConfig:
+    """The trial's experiment, as ``run.py`` with its settings would resolve it (the algorithm's
+    paper setup beneath them), in ``run_dir`` on the Ray session it runs in."""
+    from raysim.experiment import resolve_config, validate
+
+    nested: dict[str, Any] = {}
+    for key, value in {**trial.settings, **(sampled or {})}.items():
+        set_dotted(nested, key, value)
+    set_dotted(nested, "seed", trial.seed)
+    set_dotted(nested, "output.out", str(run_dir))
+    set_dotted(nested, "output.progress", False)
+    set_dotted(nested, "ray.executor", "ray")
+    nested.setdefault("ray", {}).setdefault("workers", 1)
+    cfg = resolve_config(nested)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(suite: Suite) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": suite.name,
+        "description": suite.description,
+        "base": dict(suite.base),
+        "configs": [{"name": c.name, "set": dict(c.settings), "paper": c.paper} for c in suite.configs],
+        "seeds": list(suite.seeds),
+        "driver_cpus": suite.driver_cpus,
+    }
+    if suite.search is not None:
+        out["search"] = dataclasses.asdict(suite.search)
+    if suite.equal_compute is not None:
+        out["equal_compute"] = {"name": suite.equal_compute.name, "set": dict(suite.equal_compute.settings)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# running a suite on Ray Tune
+
+
+def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
+    """The trial's placement group: a head bundle for its driver and server, one per worker."""
+    worker = {"CPU": cfg.ray.cpus_per_worker, "GPU": cfg.ray.gpus_per_worker}
+    head = {"CPU": driver_cpus} if driver_cpus > 0 else {}
+    return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]
+
+
+def run_trial(params: dict[str, Any]) -> None:
+    """One trial, inside its placement group on the suite's Ray session: the experiment as run.py
+    runs it, reporting every evaluation to Tune; it goes on from its own checkpoint if it has one
+    (a resumed suite)."""
+    from ray import tune
+
+    from raysim import checkpoint as checkpoint_mod
+    from raysim.runner import run_experiment
+
+    t = params["trial"]
+    trial = Trial(t["config"], int(t["seed"]), t["settings"])
+    sampled = params.get("search") or {}
+    name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
+    suite_dir = Path(t["suite_dir"])
+    run_dir = suite_dir / "runs" / name
+    cfg = experiment_config(trial, run_dir, sampled)
+    if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
+        tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
+        return
+    resume = None
+    if (run_dir / checkpoint_mod.CHECKPOINT_FILE).exists():
+        resume = checkpoint_mod.load(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / TRIAL_FILE).write_text(
+        json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
+    )
+    with open(suite_dir / STARTS_FILE, "a") as f:
+        f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
+    run_experiment(cfg, [TuneReporter()], resume=resume)
+
+
+class TuneReporter(BaseCallback):
+    """Reports each evaluated round's metrics to Tune (for its schedulers and searchers)."""
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        from ray import tune
+
+        tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None})
+
+
+def run_suite(
+    suite: Suite,
+    suite_dir: str | Path,
+    *,
+    resume: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+    max_concurrent: int = 0,
+) -> dict[str, Any]:
+    """Run (or, with ``resume``, finish) every trial of ``suite`` on one Ray session (local Ray
+    unless ``address`` or RAY_ADDRESS names a cluster), then, if the suite pairs its configurations
+    with a baseline at equal compute, the baseline's trials; collect the results; return the
+    summary, with the trials left ``unfinished`` by a Ctrl-C."""
+    import os
+
+    from raysim.executors import session
+
+    # Tune's own console table and logger files: our progress line and run directories say it
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    suite_dir = Path(suite_dir).resolve()
+    if resume and not (suite_dir / SUITE_FILE).is_file():
+        raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
+    if not resume and (suite_dir / SUITE_FILE).exists():
+        raise ConfigError(f"{suite_dir} already holds a suite; --resume it, or give another --out.")
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        _write_yaml(suite_dir / SUITE_FILE, to_yaml(suite))
+    base_cfg = experiment_config(trials(suite)[0], suite_dir)
+    if address is not None:
+        base_cfg = dataclasses.replace(base_cfg, ray=dataclasses.replace(base_cfg.ray, address=address))
+    started = session.start_ray(base_cfg)
+    try:
+        unfinished = _stage(suite, suite_dir, "tune", trials(suite), progress, max_concurrent)
+        if suite.equal_compute is not None and not unfinished:
+            pairs = equal_compute_trials(suite, suite_dir)
+            unfinished = _stage(suite, suite_dir, "tune-equal-compute", pairs, progress, max_concurrent)
+    finally:
+        if started:
+            session.stop_ray()
+    return {**collect(suite, suite_dir), "unfinished": unfinished}
+
+
+def _stage(
+    suite: Suite, suite_dir: Path, name: str, todo: list[Trial], progress: bool, max_concurrent: int
+) -> int:
+    """One Tune experiment over ``todo`` (restored and finished if it was begun); the trials it
+    left unfinished."""
+    from ray import tune
+
+    from raysim.tune_progress import SuiteProgress
+
+    if not todo:
+        return 0
+    trainable = tune.with_resources(
+        run_trial,
+        lambda params: tune.PlacementGroupFactory(
+            trial_resources(
+                experiment_config(Trial("resources", 0, params["trial"]["settings"]), suite_dir),
+                suite.driver_cpus,
+            ),
+            strategy="PACK",
+        ),
+    )
+    tune_dir = suite_dir / name
+    if tune.Tuner.can_restore(str(tune_dir)):  # begun before: finish what is left
+        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        samples = suite.search.samples if suite.search and name == "tune" else 1
+        callbacks: list[tune.Callback] = [SuiteProgress(len(todo) * samples)] if progress else []
+        tuner = tune.Tuner(
+            trainable,
+            param_space=_param_space(suite, suite_dir, todo, main=name == "tune"),
+            tune_config=_tune_config(suite if name == "tune" else dataclasses.replace(suite, search=None), max_concurrent),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(suite_dir),
+                verbose=0,
+                callbacks=callbacks,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    grid = tuner.fit()
+    if grid.errors:
+        raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
+    # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
+    # trials it leaves, and its results call them all terminated)
+    return sum(t.status != "TERMINATED" for t in tune.ExperimentAnalysis(str(tune_dir)).trials)
+
+
+def equal_compute_trials(suite: Suite, suite_dir: Path) -> list[Trial]:
+    """The suite's baseline (``equal_compute``) paired with each finished trial: its rounds and local
+    epochs, and the clients a round that make its client-epochs the trial's (from the trial's
+    summary). One baseline trial for each distinct (rounds, clients a round, seed)."""
+    assert suite.equal_compute is not None
+    out: dict[str, Trial] = {}
+    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
+        pair = equal_compute_of(path.parent)
+        if pair is None:
+            continue
+        rounds, per_round, clients = pair
+        ec = suite.equal_compute
+        name = f"{ec.name}_r{rounds}_k{per_round}"
+        settings = {
+            **base_for(suite.base, ec.settings),
+            **ec.settings,
+            "rounds": rounds,
+            "participation": per_round / clients,
+        }
+        seed = int(json.loads(path.read_text())["seed"])
+        out.setdefault(f"{name}-seed{seed}", Trial(name, seed, settings))
+    return list(out.values())
+
+
+def equal_compute_of(run_dir: Path) -> tuple[int, int, int] | None:
+    """(rounds, clients a round, clients) of the run that trains as many client-epochs as the
+    finished run in ``run_dir`` with its rounds and local epochs; None if it is not finished or
+    is itself a baseline."""
+    trial = json.loads((run_dir / TRIAL_FILE).read_text())
+    if trial.get("pair") or not (run_dir / "summary.json").exists():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = yaml_safe_load(run_dir / "config.yaml")
+    rounds, epochs, clients = int(summary["rounds"]), int(cfg["train"]["local_epochs"]), int(cfg["clients"])
+    if rounds == 0 or epochs == 0:
+        return None
+    per_round = round(summary["client_epochs"] / (rounds * epochs))
+    return rounds, max(1, min(clients, per_round)), clients
+
+
+def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -> dict[str, Any]:
+    """Every trial (configuration and seed) as a grid; with a search, the sampled ranges beside."""
+    from ray import tune
+
+    space: dict[str, Any] = {
+        "trial": tune.grid_search(
+            [
+                {
+                    "config": t.config,
+                    "seed": t.seed,
+                    "settings": dict(t.settings),
+                    "suite_dir": str(suite_dir),
+                    "pair": not main,
+                }
+                for t in todo
+            ]
+        )
+    }
+    if suite.search is not None and main:
+        space["search"] = {k: _tune_range(v) for k, v in suite.search.space.items()}
+    return space
+
+
+def _tune_range(text: str) -> Any:
+    from ray import tune
+
+    m = _RANGE.match(text)
+    assert m is not None
+    kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
+    if kind == "choice":
+        return tune.choice([_number(a) for a in args])
+    nums = [float(a) for a in args]
+    if kind in ("randint", "qrandint"):
+        return getattr(tune, kind)(*(int(n) for n in nums))
+    return getattr(tune, kind)(*nums)
+
+
+def _number(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+def _tune_config(suite: Suite, max_concurrent: int) -> Any:
+    from ray import tune
+
+    s = suite.search
+    if s is None:
+        return tune.TuneConfig(max_concurrent_trials=max_concurrent or None)
+    searcher = tune.search.create_searcher(s.algorithm, metric=s.metric, mode=s.mode) if s.algorithm != "random" else None
+    scheduler = None
+    if s.scheduler:
+        kwargs: dict[str, Any] = {"metric": s.metric, "mode": s.mode}
+        scheduler = tune.schedulers.create_scheduler(_SCHEDULER_NAMES.get(s.scheduler, s.scheduler), **kwargs)
+    return tune.TuneConfig(
+        num_samples=s.samples,
+        search_alg=searcher,
+        scheduler=scheduler,
+        max_concurrent_trials=max_concurrent or None,
+    )
+
+
+def _write_yaml(path: Path, data: Mapping[str, Any]) -> None:
+    import yaml
+
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# results
+
+
+def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
+    """Every trial's rows into ``metrics.parquet`` (with its configuration, seed and sampled
+    settings), the mean and std over seeds of each configuration's final, best and last-k metrics
+    into ``summary.json``, and ``report.md`` with its plots. Returns the summary."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raysim.output import replaced_atomically
+
+    settings = {c.name: dict(c.settings) for c in suite.configs}
+    papers = {c.name: c.paper for c in suite.configs}
+    paired: dict[str, set[str]] = {}  # a configuration -> its baselines at equal compute
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}  # a configuration (or, searched, a sample): its runs
+    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
+        run = path.parent
+        if not (run / "metrics.parquet").exists():
+            continue
+        trial = json.loads(path.read_text())
+        group = trial["config"] if not trial["sampled"] else run.name
+        if trial.get("pair"):
+            settings.setdefault(group, {**dict(suite.equal_compute.settings), **_pair_settings(run)} if suite.equal_compute else {})
+            papers.setdefault(group, "")
+        elif group not in settings:
+            settings[group] = {**settings[trial["config"]], **trial["sampled"]}
+            papers[group] = papers[trial["config"]]
+        if suite.equal_compute is not None and (pair := equal_compute_of(run)) is not None:
+            paired.setdefault(group, set()).add(f"{suite.equal_compute.name}_r{pair[0]}_k{pair[1]}")
+        trial_rows = pq.read_table(run / "metrics.parquet").to_pylist()
+        history = MetricHistory(trial_rows)  # also for a trial a scheduler stopped early (no summary.json)
+        last_k = int(yaml_safe_load(run / "config.yaml").get("eval", {}).get("last_k", 5))
+        groups.setdefault(group, []).append(
+            {
+                "seed": trial["seed"],
+                "rounds": trial_rows[-1]["round"] if trial_rows else 0,
+                "final": history.final(),
+                "best": history.best(),
+                "last": history.last(last_k),
+            }
+        )
+        for row in trial_rows:
+            rows.append({"config": group, "seed": trial["seed"], "trial": run.name, **trial["sampled"], **row})
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with replaced_atomically(suite_dir / "metrics.parquet") as tmp:
+        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), tmp)
+    configs = [
+        {
+            "config": name,
+            "settings": settings[name],
+            "seeds": sorted(int(r["seed"]) for r in runs),
+            "rounds": sorted({int(r["rounds"]) for r in runs}),
+            "mean": _stat(runs, "final", np.mean),
+            "std": _stat(runs, "final", np.std),
+            "best_mean": _stat(runs, "best", np.mean),
+            "last_mean": _stat(runs, "last", np.mean),
+            "last_std": _stat(runs, "last", np.std),
+            "paper": papers[name],
+            "equal_compute": sorted(paired.get(name, ())),
+        }
+        for name, runs in sorted(groups.items(), key=lambda kv: _order(suite, kv[0]))
+    ]
+    summary = {
+        "suite": suite.name,
+        "suite_dir": str(suite_dir),
+        "trials": sum(len(v) for v in groups.values()),
+        "configs": configs,
+    }
+    with replaced_atomically(suite_dir / "summary.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    from raysim.report import write_suite_report
+
+    write_suite_report(suite_dir)
+    return summary
+
+
+def _pair_settings(run: Path) -> dict[str, Any]:
+    cfg = yaml_safe_load(run / "config.yaml")
+    return {"rounds": cfg.get("rounds"), "participation": cfg.get("participation")}
+
+
+def _order(suite: Suite, group: str) -> tuple[int, str]:
+    """Table order: the suite's configurations as listed (samples of a search after their own)."""
+    names = [c.name for c in suite.configs]
+    for i, name in enumerate(names):
+        if group == name or group.startswith(f"{name}-seed"):
+            return i, group
+    return len(names), group
+
+
+def _stat(runs: list[dict[str, Any]], which: str, fn: Any) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for m in METRICS:
+        vals = [r[which][m] for r in runs if r.get(which, {}).get(m) is not None]
+        out[m] = float(fn(vals)) if vals and not any(math.isnan(v) for v in vals) else None
+    return out
+
+
+def yaml_safe_load(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    return data if isinstance(data, dict) else {}
+
+
+__all__ = [
+    "SearchSpec",
+    "Suite",
+    "SuiteConfig",
+    "Trial",
+    "collect",
+    "expand_grid",
+    "experiment_config",
+    "load_suite",
+    "make_suite",
+    "parse_seeds",
+    "run_suite",
+    "run_trial",
+    "trials",
+]

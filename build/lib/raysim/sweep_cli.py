@@ -1,0 +1,229 @@
+"""``python scripts/sweep.py``: a suite of experiments (configurations x seeds) on one Ray cluster.
+
+    python scripts/sweep.py suites/fed3p2_table1.yaml --seeds 0-2 -- --rounds 30
+    python scripts/sweep.py --algo fedavg,fed3p2 --seeds 0-4 --set algo.num_type_a=3,5,10 --rounds 50
+    python scripts/sweep.py --algo fedavg --set "train.lr=loguniform(0.001,0.1)" --search random \\
+        --samples 8 --scheduler asha --metric gm_gtest
+    python scripts/sweep.py --resume runs/suite-fed3p2_table1-20261122-120000
+
+Settings are run.py's flags and ``--set KEY=VALUE``; a flag or setting with values separated by
+commas is a grid (``--algo fedavg,fed3p2``), one in brackets a single list value
+(``--set train.lr_milestones=[0.5,0.75]``), and ``loguniform(a,b)``, ``uniform(a,b)``,
+``randint(a,b)`` or ``choice(x,y)`` a range for ``--search``. A suite file's settings go beneath the
+flags'; anything after ``--`` is read as flags too (for a suite file: ``-- --rounds 30``). The last
+line on stdout is one JSON object: ``suite_dir`` and, per configuration, its settings, seeds and
+the ``mean`` and ``std`` over seeds of each final metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import ConfigError
+
+log = logging.getLogger("raysim")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from raysim.flags import FLAGS, help_texts
+
+    run_help = help_texts()
+    p = _Parser(prog="sweep.py", description="Run a suite of raysim experiments on Ray Tune.")
+    p.add_argument("suite_file", nargs="?", help="a suite file (YAML or TOML): base, configs, grid, seeds")
+    p.add_argument("--resume", metavar="SUITE_DIR", help="finish the interrupted suite in SUITE_DIR")
+    p.add_argument("--seeds", help="seeds, e.g. 0-4 or 0,2,7 (default: the suite file's, else 0)")
+    p.add_argument("--name", help="the suite's name (default: the suite file's, else 'sweep')")
+    p.add_argument("--out", help="the suite directory (default runs/suite-NAME-TIME)")
+    p.add_argument("--search", help="a Tune search algorithm for the ranges given (random, optuna, ...)")
+    p.add_argument("--samples", type=int, default=4, help="with --search: samples of the ranges (default 4)")
+    p.add_argument("--scheduler", help="a Tune trial scheduler, e.g. asha (early stopping on --metric)")
+    p.add_argument("--metric", default="gm_gtest", help="what --search and --scheduler optimise")
+    p.add_argument("--mode", default="max", choices=("max", "min"))
+    p.add_argument("--driver-cpus", type=float, help="CPUs reserved for each trial's driver and server (default 0)")
+    p.add_argument("--max-concurrent", type=int, default=0, help="trials at once at most (default: as many as fit)")
+    p.add_argument("--no-progress", action="store_true", help="no progress line")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    for name, (_, typ, _) in FLAGS.items():
+        if name in ("out", "seed", "executor"):  # a trial's own directory and seed; always on Ray
+            continue
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            metavar=typ.__name__.upper(),
+            help=f"{run_help.get(name, '')} (a,b: a grid over these values)",
+        )
+    p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
+    p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard events in the trials' run directories")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE[,VALUE...]")
+    return p
+
+
+def _split(text: str) -> list[str]:
+    """``a,b`` -> [a, b]; ``[a,b]`` and ``f(a,b)`` stay one value."""
+    text = text.strip()
+    if text.startswith("[") or "(" in text:
+        return [text]
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Namespace]:
+    """The suite the command line asks for and, with ``--resume``, its directory."""
+    from raysim.flags import FLAGS
+    from raysim.suite import (
+        _RANGE,
+        SearchSpec,
+        load_suite,
+        make_suite,
+        parse_seeds,
+        setting_key,
+        to_yaml,
+    )
+
+    argv = list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args([*argv, *extra])
+    if args.resume:
+        suite_dir = Path(args.resume)
+        if not (suite_dir / "suite.yaml").is_file():
+            raise ConfigError(f"{suite_dir} is not a suite directory (it has no suite.yaml).")
+        return load_suite(suite_dir / "suite.yaml"), suite_dir, args
+    given: list[tuple[str, str]] = []
+    for name, (key, _, _) in FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None and name != "address":  # the suite's cluster, not a trial's setting
+            given.append((key, value))
+    if args.no_download:
+        given.append(("data.download", "false"))
+    if args.no_tensorboard:
+        given.append(("output.tensorboard", "false"))
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
+        given.append((setting_key(key.strip()), value.strip()))
+    base: dict[str, Any] = {}
+    grid: dict[str, list[Any]] = {}
+    space: dict[str, str] = {}
+    for key, value in given:
+        if _RANGE.match(value):
+            space[key] = value
+            continue
+        values = _split(value)
+        if len(values) > 1:
+            grid[key] = values
+        else:
+            base[key] = values[0] if values else value
+    if space and not args.search:
+        raise ConfigError(f"{next(iter(space))} is given a range; name a search with --search (e.g. random).")
+    if args.search and not space:
+        raise ConfigError("--search needs a range for at least one setting, e.g. --set 'train.lr=loguniform(0.001,0.1)'.")
+    search = (
+        SearchSpec(space, args.search, args.samples, args.scheduler, args.metric, args.mode) if args.search else None
+    )
+    if args.suite_file:
+        file_suite = load_suite(args.suite_file)
+        data = to_yaml(file_suite)
+        return (
+            make_suite(
+                name=args.name or data["name"],
+                base={**data["base"], **base},
+                configs=file_suite.configs,
+                grid=grid,
+                seeds=parse_seeds(args.seeds) if args.seeds else file_suite.seeds,
+                search=search or file_suite.search,
+                driver_cpus=args.driver_cpus if args.driver_cpus is not None else file_suite.driver_cpus,
+                description=file_suite.description,
+                equal_compute=file_suite.equal_compute,
+            ),
+            None,
+            args,
+        )
+    return (
+        make_suite(
+            name=args.name or "sweep",
+            base=base,
+            configs=[],
+            grid=grid,
+            seeds=parse_seeds(args.seeds or "0"),
+            search=search,
+            driver_cpus=args.driver_cpus or 0.0,
+        ),
+        None,
+        args,
+    )
+
+
+def suite_dir_of(suite: Any, resume_dir: Path | None, args: argparse.Namespace) -> Path:
+    """Where the suite's directory is: the resumed one, ``--out``, or runs/suite-NAME-TIME."""
+    return resume_dir or Path(args.out or f"runs/suite-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_from_args(suite: Any, resume_dir: Path | None, args: argparse.Namespace, suite_dir: Path) -> dict[str, Any]:
+    """Run (or finish) the suite the command line gave in ``suite_dir``; its summary
+    (raysim.suite.run_suite)."""
+    from raysim.suite import run_suite
+
+    return run_suite(
+        suite,
+        suite_dir,
+        resume=resume_dir is not None,
+        address=args.address,
+        progress=not args.no_progress,
+        max_concurrent=args.max_concurrent,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from raysim.logs import setup_logging
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
+    suite_dir: Path | str = "the suite directory"
+    try:
+        suite, resume_dir, args = suite_from_args(argv)
+        suite_dir = suite_dir_of(suite, resume_dir, args)
+        summary = run_from_args(suite, resume_dir, args, suite_dir)
+    except ConfigError as e:
+        print(f"raysim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"raysim: interrupted; go on with: python scripts/sweep.py --resume {suite_dir}", file=sys.stderr)
+        return 130
+    if summary["unfinished"]:
+        print(
+            f"raysim: {summary['unfinished']} trial(s) unfinished (the suite was stopped); go on with: "
+            f"python scripts/sweep.py --resume {suite_dir}",
+            file=sys.stderr,
+        )
+        return 130
+    out = {
+        "suite_dir": summary["suite_dir"],
+        "trials": summary["trials"],
+        "base": dict(suite.base),
+        "configs": [
+            {
+                k: c[k]
+                for k in ("config", "settings", "seeds", "mean", "std", "last_mean", "last_std", "equal_compute")
+            }
+            for c in summary["configs"]
+        ],
+    }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+__all__ = ["build_parser", "main", "run_from_args", "suite_dir_of", "suite_from_args"]

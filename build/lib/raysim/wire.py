@@ -1,0 +1,133 @@
+"""The typed objects that travel between the driver, the server actor and the client workers.
+
+Jobs go from the server's ``plan`` to the workers; client results come back to the server's
+``aggregate``; the server context is what an algorithm's ``init`` sees. Plain frozen dataclasses of
+NumPy arrays and :class:`~raysim.weights.ModelWeights`: no PyTorch, no string-keyed dicts
+(DESIGN.md, "House style"). An algorithm's own payloads and uploads are its own frozen dataclasses,
+carried in ``Job.payload`` and ``ClientResult.extra``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raysim.config import ExperimentConfig
+from raysim.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from raysim.models import SplitModel
+
+
+@dataclass(frozen=True)
+class Job:
+    """Clients trained one after another on one model (a chain); most jobs are chains of one.
+
+    The first client starts from ``payload``; client k+1 starts from
+    ``Algorithm.continue_chain(payload, result_k)``. ``payload`` is the algorithm's own frozen
+    dataclass (an ObjectRef to it while it crosses Ray).
+    """
+
+    clients: tuple[int, ...]
+    payload: Any
+    #: run each client on its home worker (where its personal state lives); unpinned jobs run
+    #: wherever the round's load is lightest
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client sends back after its local update."""
+
+    client: int
+    num_samples: int  # training samples the client holds
+    train_loss: float
+    weights: ModelWeights | None = None  # what it uploads (None: nothing)
+    extra: Any = None  # the algorithm's own typed upload (prototypes, statistics, ...)
+    bytes_down: int = 0  # payload bytes this client received
+    bytes_up: int = 0  # bytes it sent
+    #: samples it trained on in this update, over every epoch and pass: its compute (a client-epoch
+    #: is num_samples of them)
+    samples_trained: int = 0
+    #: ``eval.analyses``: the local model's ``local_*`` values (raysim.analysis), at evaluated rounds
+    analysis: dict[str, float | None] | None = None
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The results of one job's clients, in chain order."""
+
+    job: Job
+    results: tuple[ClientResult, ...]
+
+    @property
+    def final(self) -> ClientResult:
+        return self.results[-1]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(r.num_samples for r in self.results)
+
+
+@dataclass(frozen=True)
+class WeightsPayload:
+    """The payload of most algorithms: weights to start from and the round's learning rate."""
+
+    weights: ModelWeights
+    lr: float
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """What the server knows of the clients before round 1 (for weighting and grouping)."""
+
+    train_sizes: np.ndarray  # (N,) training samples per client
+    label_counts: np.ndarray  # (N, C) training label counts per client
+    input_shape: tuple[int, ...] = ()  # one sample's shape, e.g. (1, 28, 28): for a server-side model
+
+    @classmethod
+    def from_label_counts(cls, label_counts: np.ndarray, input_shape: tuple[int, ...] = ()) -> ClientStats:
+        return cls(train_sizes=label_counts.sum(axis=1), label_counts=label_counts, input_shape=input_shape)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.label_counts.shape[1])
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What an algorithm's ``init`` sees on the server."""
+
+    cfg: ExperimentConfig
+    clients: ClientStats
+    init_weights: ModelWeights  # every part of the seeded initial model
+    #: the algorithm's ``adapt_model`` (the model as it uses it; None: as registered)
+    adapt: Callable[[SplitModel], SplitModel] | None = None
+
+    def build_model(self) -> SplitModel:
+        """The model, with the clients' seeded initial weights, for algorithms that train a part on
+        the server (FedFCD's and FedGH's global head) or need its layers (FedDr+'s ETF). Imports
+        PyTorch, which the server otherwise does without."""
+        from raysim import rng
+        from raysim.models import build_model, set_weights
+
+        model = build_model(
+            self.cfg.model,
+            self.clients.input_shape,
+            self.clients.num_classes,
+            rng.int_seed(self.cfg.seed, "init"),
+            self.adapt,
+        )
+        set_weights(model, self.init_weights)
+        return model
+
+
+@dataclass(frozen=True)
+class NoConfig:
+    """The config of an algorithm without parameters."""
+
+
+__all__ = ["ClientResult", "ClientStats", "Job", "JobResult", "NoConfig", "ServerContext", "WeightsPayload"]
