@@ -154,7 +154,7 @@ def sweep(
 ) -> SuiteResult:
     """Run a suite (a suite file's configurations x seeds, on Ray Tune) as ``scripts/sweep.py``
     does: ``flags`` and ``set`` override every trial's settings (a list value is a grid over its
-    values); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``."""
+    values, a tuple one value, e.g. a shape); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``."""
     from raysim.sweep_cli import run_from_args, suite_dir_of, suite_from_args
 
     argv: list[str] = [str(suite)] if suite is not None else []
@@ -172,7 +172,12 @@ def sweep(
             raise ConfigError(f"Unknown setting {key!r} (known: {', '.join(sorted(keys))}, and set={{...}}).")
         set = {**(set or {}), keys[key]: value}
     for key, value in (set or {}).items():
-        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        if isinstance(value, list):  # a grid over the values
+            text = ",".join(str(v) for v in value)
+        elif isinstance(value, tuple):  # one value that is a sequence, e.g. a shape
+            text = "[" + ",".join(str(v) for v in value) + "]"
+        else:
+            text = str(value)
         argv += ["--set", f"{key}={text}"]
     if out is not None:
         argv += ["--out", str(out)]

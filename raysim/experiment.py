@@ -90,14 +90,20 @@ def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:
 def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
     """Nested settings (a config file merged with the command line) -> the experiment config, with
     the algorithm's paper setup for the chosen dataset beneath them unless they say
-    ``paper_setup: false``."""
+    ``paper_setup: false``, and beneath that the dataset's own model (``DatasetEntry.model``) when
+    neither names one."""
     given: ExperimentConfig = from_dict(ExperimentConfig, settings)
-    if not given.paper_setup:
-        return given
     base: dict[str, Any] = {}
-    setup = algorithm_class(given.algo).paper_setup(dataset_info(given.data))
-    for key, value in setup.items():
-        set_dotted(base, key, value)
+    if "model" not in settings:  # a model that fits the dataset, unless the paper setup names one
+        fits = DATASETS.get(given.data.dataset).model if given.data.dataset in DATASETS else ""
+        if fits:
+            base["model"] = fits
+    if given.paper_setup:
+        setup = algorithm_class(given.algo).paper_setup(dataset_info(given.data))
+        for key, value in setup.items():
+            set_dotted(base, key, value)
+    if not base:
+        return given
     resolved: ExperimentConfig = from_dict(ExperimentConfig, merge(base, settings))
     return resolved
 

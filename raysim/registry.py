@@ -126,6 +126,12 @@ class DatasetEntry:
     test_size: Callable[[DataConfig], int]
     description: str
     reads_files: bool = True  # False: generated, data.data_dir does not matter
+    #: a registered model that fits it, used when neither the settings nor the algorithm's paper
+    #: setup name one ("": the config's default model)
+    model: str = ""
+    #: how many clients of its own the data has (FEMNIST's writers; 0: none), for the ``natural``
+    #: partition's check before loading
+    natural_clients: int = 0
 
     def info(self, name: str, cfg: DataConfig) -> DatasetInfo:
         return DatasetInfo(
@@ -138,23 +144,27 @@ class DatasetEntry:
 
 
 def image_dataset(
-    loader: Ref, classes: int, shape: tuple[int, ...], train: int, test: int, description: str
+    loader: Ref, classes: int, shape: tuple[int, ...], train: int, test: int, description: str, model: str = ""
 ) -> DatasetEntry:
-    """An entry for a dataset of fixed size read from files."""
-    return DatasetEntry(loader, _fixed(classes), _fixed(shape), _fixed(train), _fixed(test), description)
+    """An entry for a dataset of fixed size read from files (``model``: one that fits it)."""
+    return DatasetEntry(
+        loader, _fixed(classes), _fixed(shape), _fixed(train), _fixed(test), description, model=model
+    )
 
 
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
 DATASETS.register(
     "fmnist",
     image_dataset(
-        "raysim.data.datasets:fmnist", 10, (1, 28, 28), 60_000, 10_000, "Fashion-MNIST (idx files)"
+        "raysim.data.datasets:fmnist", 10, (1, 28, 28), 60_000, 10_000, "Fashion-MNIST (idx files)",
+        model="cnn3p2_fmnist",
     ),
 )
 DATASETS.register(
     "cifar10",
     image_dataset(
-        "raysim.data.datasets:cifar10", 10, (3, 32, 32), 50_000, 10_000, "CIFAR-10 (python pickles)"
+        "raysim.data.datasets:cifar10", 10, (3, 32, 32), 50_000, 10_000, "CIFAR-10 (python pickles)",
+        model="cnn3p2_cifar",
     ),
 )
 DATASETS.register(
@@ -166,6 +176,76 @@ DATASETS.register(
         50_000,
         10_000,
         "CIFAR-100, fine labels (python pickles)",
+        model="cnn3p2_cifar",
+    ),
+)
+DATASETS.register(
+    "mnist",
+    image_dataset(
+        "raysim.data.extra_datasets:mnist", 10, (1, 28, 28), 60_000, 10_000, "MNIST (idx files)", model="cnn_pac"
+    ),
+)
+DATASETS.register(
+    "emnist",  # byclass, as FedPAC uses it (1000 samples a client: --partition dominant --set data.samples_per_client=1000)
+    image_dataset(
+        "raysim.data.extra_datasets:emnist",
+        62,
+        (1, 28, 28),
+        697_932,
+        116_323,
+        "EMNIST byclass: digits and upper- and lower-case letters (idx files)",
+        model="cnn_pac",
+    ),
+)
+DATASETS.register(
+    "svhn",
+    image_dataset(
+        "raysim.data.extra_datasets:svhn",
+        10,
+        (3, 32, 32),
+        73_257,
+        26_032,
+        "SVHN cropped digits, without extra (.mat files)",
+        model="cnn_pac_cifar",
+    ),
+)
+DATASETS.register(
+    "cinic10",
+    image_dataset(
+        "raysim.data.extra_datasets:cinic10",
+        10,
+        (3, 32, 32),
+        90_000,
+        90_000,
+        "CINIC-10, train and test without valid (PNG folders)",
+        model="cnn3p2_cifar",
+    ),
+)
+DATASETS.register(
+    "tinyimagenet",
+    image_dataset(
+        "raysim.data.extra_datasets:tinyimagenet",
+        200,
+        (3, 64, 64),
+        100_000,
+        10_000,
+        "Tiny ImageNet, val as the test split (JPEG folders)",
+        model="resnet18",
+    ),
+)
+DATASETS.register(
+    "femnist",  # LEAF's FEMNIST; --partition natural (and --test-mode natural) follow its writers
+    DatasetEntry(
+        "raysim.data.leaf:femnist",
+        num_classes=_fixed(62),
+        input_shape=_fixed((1, 28, 28)),
+        # LEAF's full FEMNIST (its paper's Table 1: 805,263 samples, 3,550 writers), split about 90/10
+        # by its sample split: nominal, for the checks before loading (a LEAF run may give a few more)
+        train_size=_fixed(724_737),
+        test_size=_fixed(80_526),
+        description="LEAF's FEMNIST: 62 classes, samples with their writers (LEAF's json files)",
+        model="cnn_pac",
+        natural_clients=3550,
     ),
 )
 DATASETS.register(
@@ -253,6 +333,8 @@ class PartitionEntry:
     param: Param
     feasible: Ref
     description: str
+    #: the split also takes ``groups=``: each sample's client of the data's own (ArrayDataset.groups)
+    uses_groups: bool = False
 
 
 PARTITIONS: Registry[PartitionEntry] = Registry("partition")
@@ -296,6 +378,16 @@ PARTITIONS.register(
         "FedPAC's: S% spread over all classes, the rest over the group's dominant ones",
     ),
 )
+PARTITIONS.register(
+    "natural",
+    PartitionEntry(
+        _P + "split_natural",
+        Param("none"),
+        _P + "check_natural",
+        "the data's own clients (FEMNIST's writers), N of them drawn by the seed",
+        uses_groups=True,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -329,6 +421,15 @@ TEST_MODES.register(
         Param("fraction", 0.25, "test fraction F"),
         True,
         "train and test pooled, then F of each client's data held out for its test set",
+    ),
+)
+TEST_MODES.register(
+    "natural",
+    TestModeEntry(
+        "raysim.data.federated:natural_test_sets",
+        Param("none"),
+        False,
+        "each client's own test samples (FEMNIST's writers; with --partition natural)",
     ),
 )
 

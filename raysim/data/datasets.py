@@ -51,6 +51,8 @@ class ArrayDataset:
     ``x`` is either uint8 images ``(n, C, H, W)`` with their per-channel normalisation ``mean`` and
     ``std`` (one value per channel each), or float32 features used as they are (``mean`` and ``std``
     None); any other dtype is converted to float32. Models see :meth:`features`, never ``x``.
+    ``groups``: for data that comes with its own clients (FEMNIST's writers), each sample's client
+    (int64, 0 to G - 1), which the ``natural`` partition and test mode follow; None otherwise.
     """
 
     x: np.ndarray
@@ -59,6 +61,7 @@ class ArrayDataset:
     name: str
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         x = np.asarray(self.x)
@@ -90,6 +93,16 @@ class ArrayDataset:
             raise ValueError(f"x {self.x.shape} and y {self.y.shape} do not match.")
         if len(self.y) and (self.y.min() < 0 or self.y.max() >= self.num_classes):
             raise ValueError(f"Labels of {self.name} fall outside [0, {self.num_classes}).")
+        if self.groups is not None:
+            groups = np.ascontiguousarray(self.groups, dtype=np.int64)
+            if groups.shape != self.y.shape or (len(groups) and groups.min() < 0):
+                raise ValueError(f"The groups of {self.name} must be one non-negative id per sample.")
+            object.__setattr__(self, "groups", groups)
+
+    @property
+    def num_groups(self) -> int:
+        """How many clients of its own the data has (0 without ``groups``)."""
+        return int(self.groups.max()) + 1 if self.groups is not None and len(self.groups) else 0
 
     @property
     def input_shape(self) -> tuple[int, ...]:

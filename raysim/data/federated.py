@@ -76,7 +76,9 @@ def _label_counts(y: np.ndarray, parts: tuple[np.ndarray, ...], num_classes: int
     return counts
 
 
-Partition = Callable[[np.ndarray], list[np.ndarray]]
+#: ``partition(labels, groups=None)``: the clients' index arrays into ``labels`` (``groups``: each
+#: sample's client of the data's own, for the natural partition)
+Partition = Callable[..., list[np.ndarray]]
 
 
 def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
@@ -95,8 +97,8 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> Federa
     test_rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
     num_classes = train.num_classes
 
-    def partition(labels: np.ndarray) -> list[np.ndarray]:
-        return partition_indices(labels, num_clients, spec, partition_rng, num_classes, cfg)
+    def partition(labels: np.ndarray, groups: np.ndarray | None = None) -> list[np.ndarray]:
+        return partition_indices(labels, num_clients, spec, partition_rng, num_classes, cfg, groups=groups)
 
     build = load_ref(TEST_MODES.get(test_mode.kind).build)
     pool, ptest, client_train, client_test = build(train, test, test_mode.param, partition, test_rng)
@@ -136,7 +138,7 @@ def matched_test_sets(
 ) -> TestSets:
     """The ``matched`` test mode (Fed3+2p, FedDr+): the official train set is partitioned, and each
     client's P-Test is drawn from the official test set to follow its training labels."""
-    client_train = partition(train.y)
+    client_train = partition(train.y, train.groups)
     client_test = matched_test_indices(
         [train.y[idx] for idx in client_train], test.y, train.num_classes, len(test) / len(train), rng
     )
@@ -161,14 +163,33 @@ def split_test_sets(
         train.name,
         train.mean,
         train.std,
+        np.concatenate([train.groups, test.groups]) if train.groups is not None and test.groups is not None else None,
     )
     client_train, client_test = [], []
-    for part in partition(pooled.y):
+    for part in partition(pooled.y, pooled.groups):
         shuffled = rng.permutation(part)
         n_test = split_test_size(len(part), fraction)
         client_test.append(np.sort(shuffled[:n_test]))
         client_train.append(np.sort(shuffled[n_test:]))
     return pooled, pooled, client_train, client_test
+
+
+def natural_test_sets(
+    train: ArrayDataset, test: ArrayDataset, param: None, partition: Partition, rng: np.random.Generator
+) -> TestSets:
+    """The ``natural`` test mode (LEAF's FEMNIST): each client is one of the data's own clients
+    (``--partition natural``), and its P-Test is that client's own test samples; G-Test is the
+    whole test set."""
+    if train.groups is None or test.groups is None:
+        raise ConfigError(f"The natural test mode needs data with clients of its own; {train.name} has none.")
+    client_train = partition(train.y, train.groups)
+    client_test = []
+    for idx in client_train:
+        owners = np.unique(train.groups[idx])
+        if len(owners) != 1:
+            raise ConfigError("The natural test mode needs the natural partition (--partition natural).")
+        client_test.append(np.flatnonzero(test.groups == owners[0]))
+    return train, test, client_train, client_test
 
 
 def split_test_size(n: int, fraction: float) -> int:

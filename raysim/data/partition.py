@@ -29,16 +29,20 @@ def partition_indices(
     rng: np.random.Generator,
     num_classes: int,
     cfg: DataConfig | None = None,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split the samples with ``labels`` over ``num_clients`` clients as ``spec`` says, by the
-    partition registered under ``spec.kind`` (:data:`raysim.registry.PARTITIONS`)."""
+    partition registered under ``spec.kind`` (:data:`raysim.registry.PARTITIONS`); ``groups``, each
+    sample's client of the data's own, goes to a partition that follows them (``natural``)."""
     from raysim.registry import PARTITIONS, load_ref
 
     labels = _check_labels(labels, num_classes)
     if num_clients < 1:
         raise ConfigError(f"The number of clients must be at least 1, not {num_clients}.")
-    split = load_ref(PARTITIONS.get(spec.kind).split)
-    parts: list[np.ndarray] = split(labels, num_clients, spec.param, rng, num_classes, cfg or DataConfig())
+    entry = PARTITIONS.get(spec.kind)
+    split = load_ref(entry.split)
+    extra = {"groups": groups} if entry.uses_groups else {}
+    parts: list[np.ndarray] = split(labels, num_clients, spec.param, rng, num_classes, cfg or DataConfig(), **extra)
     sizes = np.array([len(p) for p in parts])
     logger.debug(
         "Partition %s over %d clients: %d to %d samples per client (mean %.1f).",
@@ -61,6 +65,41 @@ def split_iid(
     labels: np.ndarray, n: int, param: Any, rng: np.random.Generator, c: int, cfg: DataConfig
 ) -> list[np.ndarray]:
     return iid_partition(labels, n, rng)
+
+
+def split_natural(
+    labels: np.ndarray,
+    n: int,
+    param: Any,
+    rng: np.random.Generator,
+    c: int,
+    cfg: DataConfig,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Each client one of the data's own clients (``groups``: FEMNIST's writers), ``n`` of them
+    drawn without replacement by the seed (all of them when ``n`` is their number), in id order."""
+    if groups is None:
+        raise ConfigError(f"The natural partition follows the data's own clients; {cfg.dataset} has none.")
+    owners = np.unique(groups)
+    if n > len(owners):
+        raise ConfigError(f"The natural partition has {len(owners)} clients of the data's own, fewer than {n}.")
+    chosen = owners if n == len(owners) else np.sort(rng.choice(owners, size=n, replace=False))
+    order = np.argsort(groups, kind="stable")
+    starts = np.searchsorted(groups[order], chosen)
+    stops = np.searchsorted(groups[order], chosen, side="right")
+    return [np.sort(order[a:b]) for a, b in zip(starts, stops, strict=True)]
+
+
+def check_natural(param: Any, num_clients: int, num_classes: int, num_samples: int, cfg: DataConfig) -> None:
+    from raysim.registry import DATASETS
+
+    own = DATASETS.get(cfg.dataset).natural_clients if cfg.dataset in DATASETS else 0
+    if own == 0:
+        raise ConfigError(
+            f"The natural partition follows the data's own clients; {cfg.dataset} has none (femnist has)."
+        )
+    if num_clients > own:
+        raise ConfigError(f"The natural partition has at most {own} clients in {cfg.dataset}, not {num_clients}.")
 
 
 def check_iid(param: Any, num_clients: int, num_classes: int, num_samples: int, cfg: DataConfig) -> None:

@@ -279,7 +279,7 @@ def test_synthetic_rejects_nonsense() -> None:
 
 def test_unknown_dataset() -> None:
     with pytest.raises(ConfigError, match="Unknown dataset"):
-        load_dataset(DataConfig(dataset="mnist"), 0)
+        load_dataset(DataConfig(dataset="imagenet_21k"), 0)
 
 
 def test_array_dataset_basics() -> None:

@@ -173,11 +173,38 @@ def test_pip_install_gives_the_raysim_command(tmp_path):
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    import shutil
+
+    # from a copy: pip builds in the source tree (build/, *.egg-info), which is not this checkout's business
+    src = tmp_path / "src"
+    top = {"runs", "build", "data", "examples", "tests", "suites", "cluster"}
+
+    def skip(directory: str, names: list[str]) -> set[str]:
+        here = Path(directory) == ROOT
+        return {n for n in names if n.startswith(".") or n == "__pycache__" or n.endswith(".egg-info") or (here and n in top)}
+
+    shutil.copytree(ROOT, src, ignore=skip)
     install = subprocess.run(
-        [str(fresh), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], capture_output=True, text=True, timeout=600
+        [str(fresh), "-m", "pip", "install", "-q", "--no-deps", str(src)], capture_output=True, text=True, timeout=600
     )
     assert install.returncode == 0, install.stderr
     res = subprocess.run([str(venv / "bin" / "raysim"), "run", "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and "--algo" in res.stdout, res.stderr
     where = subprocess.run([str(fresh), "-c", "import raysim; print(raysim.__file__)"], capture_output=True, text=True, cwd=tmp_path)
     assert where.stdout.startswith(str(venv)), where.stdout  # the installed copy, not the checkout
+
+
+@pytest.mark.ray
+def test_sweep_gives_the_suites_table_as_dataframes(tmp_path, ray_local):
+    """``raysim.sweep`` is scripts/sweep.py: a grid from a list value, seeds; the table's mean and
+    std over seeds are those of the trials' final rows."""
+    small = {k: v for k, v in TINY.items() if k not in ("executor", "set", "progress")}
+    res = raysim.sweep(
+        seeds=[0, 1], out=tmp_path / "suite", set={**TINY["set"], "algo.mu": [0.0, 0.5]}, **{**small, "algo": "fedprox"}
+    )
+    assert isinstance(res.table, pd.DataFrame) and len(res.table) == 2
+    assert sorted(res.trials["seed"].unique()) == [0, 1]
+    for _, row in res.table.iterrows():
+        last = res.trials[(res.trials["config"] == row["config"]) & (res.trials["round"] == 2)]
+        assert row["gm_gtest_mean"] == pytest.approx(last["gm_gtest"].mean())
+        assert row["gm_gtest_std"] == pytest.approx(last["gm_gtest"].std(ddof=0))
