@@ -115,9 +115,9 @@ class FedPAC(Algorithm[PACState]):
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
         """The report's Sec. 5.1 and the paper's setup: 20 clients all taking part (100 at 0.3 the
         other setting), 200 rounds, E = 5 (plus one head epoch at 0.1), B = 50, SGD lr 0.01,
-        momentum 0.5, weight decay 5e-4, ``dominant:20`` with 600 training samples a client and
-        local test sets of the same distribution, ``cnn_pac`` (``cnn_pac_cifar`` on CIFAR and other
-        colour images)."""
+        momentum 0.5, weight decay 5e-4, ``dominant:20`` with 600 training samples a client (1000 on
+        EMNIST) and local test sets of the same distribution, ``cnn_pac`` (``cnn_pac_cifar`` on CIFAR
+        and other colour images)."""
         return {
             "clients": 20,
             "participation": 1.0,
@@ -128,7 +128,7 @@ class FedPAC(Algorithm[PACState]):
             "train.momentum": 0.5,
             "train.weight_decay": 5e-4,
             "data.partition": "dominant:20",
-            "data.samples_per_client": 600,
+            "data.samples_per_client": 1000 if dataset.name == "emnist" else 600,
             "data.test_mode": "matched",
             "model": "cnn_pac_cifar" if dataset.channels == 3 else "cnn_pac",
         }

@@ -100,3 +100,14 @@ def test_set_takes_a_list_in_brackets_parentheses_or_bare(text):
 
     cfg = config_from_args(["--algo", "fedavg", "--set", f"train.lr_milestones={text}"])
     assert cfg.train.lr_milestones == (0.5, 0.75)
+
+
+def test_a_dataset_brings_a_model_that_fits_and_fedpac_takes_1000_emnist_samples_a_client():
+    from raysim.experiment import resolve_config
+
+    assert resolve_config({"data": {"dataset": "svhn"}}).model == "cnn_pac_cifar"
+    assert resolve_config({"data": {"dataset": "tinyimagenet"}, "paper_setup": False}).model == "resnet18"
+    assert resolve_config({"data": {"dataset": "cifar10"}, "model": "vgg11"}).model == "vgg11"  # named: kept
+    emnist = resolve_config({"algo": "fedpac", "data": {"dataset": "emnist"}})
+    assert (emnist.data.samples_per_client, emnist.model, emnist.data.partition) == (1000, "cnn_pac", "dominant:20")
+    assert resolve_config({"algo": "fedpac", "data": {"dataset": "fmnist"}}).data.samples_per_client == 600
