@@ -45,7 +45,7 @@ def script_module_name(path: str | Path) -> str:
 def load_plugins(plugins: Iterable[str]) -> None:
     """Import every plugin (each once a process)."""
     for spec in plugins:
-        if spec.endswith(".py"):
+        if "@" not in spec and (spec.endswith(".py") or "/" in spec):  # a script's path
             _load_script(spec)
             continue
         module, _, root = spec.partition("@")
@@ -90,7 +90,7 @@ def plugin_of(obj: Any) -> str | None:
     loaded = sys.modules.get(module)
     file = getattr(loaded, "__file__", None)
     if module == "__main__":
-        if file is None:
+        if file is None or not Path(file).is_file():  # a notebook, a REPL, python -c or stdin
             raise ConfigError(
                 "A registered entry was defined in an interactive session; the Ray workers cannot "
                 "import it: put it in a module (or run with executor='serial')."
@@ -124,7 +124,12 @@ def used_plugins(cfg: ExperimentConfig) -> tuple[str, ...]:
         code.append(TEST_MODES.get(mode).build)
     out = list(cfg.plugins)
     for obj in code:
-        spec = plugin_of(obj)
+        try:
+            spec = plugin_of(obj)
+        except ConfigError:
+            if cfg.ray.executor == "serial":  # defined in a notebook: this one process is enough
+                continue
+            raise
         if spec is not None and spec not in out:
             out.append(spec)
     return tuple(out)
