@@ -456,6 +456,9 @@ def run_suite(
     # Tune's own console table and logger files: our progress line and run directories say it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # without those loggers Tune's result grid finds no result.json in any trial and warns about
+    # every trial at the end; raysim collects the trials' own tables instead (collect)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     suite_dir = Path(suite_dir).resolve()
     if resume and not (suite_dir / SUITE_FILE).is_file():
         raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
