@@ -98,6 +98,7 @@ def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about 85 s of a two-node cluster; pytest -m slow runs it
 def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(tmp_path):
     """A two-node cluster loses the node of one client worker: no replacement finds a place, the
     run ends (exit 1) saying so, with a checkpoint of the last completed round, and the run resumes
