@@ -56,8 +56,8 @@ class SharedAndPersonal(AveragedWeights):
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, trained together pass by pass, each client
         from the received shared parts and its own personal ones. In a pass, the untrained parts
-        that differ between the clients (personal parts, or parts an earlier pass trained) enter
-        as each client's own (``frozen``)."""
+        whose values differ between the clients (e.g. personal heads, or parts an earlier pass
+        trained) enter as each client's own (``frozen``); those equal for all are shared."""
         from raysim.context import ClientContext
 
         payload = payloads[0]
