@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raysim.partition_view import PICTURE, describe, draw_counts, partition_table
+from raysim.partition_view import PICTURE, write_partition
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="raysim partition", description=main.__doc__)
     for name in ("dataset", "data_dir", "partition", "test_mode", "clients", "seed"):
-        key, typ, help_ = FLAGS[name]
+        help_ = FLAGS[name][2]
         p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=help_.split(":")[0])
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any data setting, e.g. data.min_samples=5")
     p.add_argument("--no-download", action="store_true", help="never download the dataset")
@@ -36,14 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"raysim partition: error: {e}", file=sys.stderr)
         return 2
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    title = describe(data, cfg.data.partition, cfg.data.dataset)
-    draw_counts(data.train_label_counts(), out, title)
-    pq.write_table(pa.table(partition_table(data)), out.with_suffix(".parquet"))
+    title = write_partition(data, out, cfg.data.partition, cfg.data.dataset)
     print(out)
     print(title)
     return 0

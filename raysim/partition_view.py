@@ -26,10 +26,9 @@ PICTURE = "partition.png"
 TABLE = "partition.parquet"
 
 
-def partition_table(data: FederatedData) -> dict[str, list[Any]]:
+def partition_table(data: FederatedData, counts: np.ndarray) -> dict[str, list[Any]]:
     """The per-client table, as columns: client, train/val/test sizes, classes held, label entropy
-    (nats), and ``count_<c>`` for every class c."""
-    counts = data.train_label_counts()
+    (nats), and ``count_<c>`` for every class c (``counts``: the training-label counts)."""
     table: dict[str, list[Any]] = {
         "client": list(range(data.num_clients)),
         "train_size": [int(n) for n in counts.sum(axis=1)],
@@ -70,26 +69,29 @@ def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "
     return out
 
 
-def describe(data: FederatedData, partition: str, dataset: str) -> str:
+def describe(counts: np.ndarray, partition: str, dataset: str) -> str:
     """The picture's title: dataset, partition, clients, sizes and mean label entropy."""
-    counts = data.train_label_counts()
     sizes = counts.sum(axis=1)
     return (
-        f"{dataset}, {partition}, {data.num_clients} clients: {int(sizes.min())}-{int(sizes.max())} samples "
+        f"{dataset}, {partition}, {len(counts)} clients: {int(sizes.min())}-{int(sizes.max())} samples "
         f"a client, {float((counts > 0).sum(axis=1).mean()):.1f} classes and label entropy "
         f"{float(label_entropy(counts).mean()):.2f} nats on average"
     )
 
 
-def write_partition(data: FederatedData, run_dir: str | os.PathLike[str], partition: str, dataset: str) -> Path:
-    """``partition.png`` and ``partition.parquet`` in ``run_dir``; returns the picture's path."""
+def write_partition(data: FederatedData, picture: str | os.PathLike[str], partition: str, dataset: str) -> str:
+    """The picture at ``picture`` (a run's ``partition.png``) and the table beside it (``.parquet``);
+    returns the picture's title."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    out = Path(run_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(partition_table(data)), out / TABLE)
-    return draw_counts(data.train_label_counts(), out / PICTURE, describe(data, partition, dataset))
+    out = Path(picture)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts = data.train_label_counts()
+    pq.write_table(pa.table(partition_table(data, counts)), out.with_suffix(".parquet"))
+    title = describe(counts, partition, dataset)
+    draw_counts(counts, out, title)
+    return title
 
 
 def read_picture(path: str | os.PathLike[str]) -> np.ndarray:

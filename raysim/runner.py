@@ -154,10 +154,10 @@ def picture_partition(cfg: ExperimentConfig, run_dir: Path) -> Callable[[Federat
     failure to draw is a warning, not the run's end."""
 
     def draw(data: FederatedData) -> None:
-        from raysim.partition_view import write_partition
+        from raysim.partition_view import PICTURE, write_partition
 
         try:
-            write_partition(data, run_dir, cfg.data.partition, cfg.data.dataset)
+            write_partition(data, run_dir / PICTURE, cfg.data.partition, cfg.data.dataset)
         except Exception as e:  # e.g. an unwritable directory: the run goes on without its picture
             log.warning("the partition picture was not written (%s)", e)
 
