@@ -93,6 +93,7 @@ def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
     ``paper_setup: false``, and beneath that the dataset's own model (``DatasetEntry.model``) when
     neither names one."""
     given: ExperimentConfig = from_dict(ExperimentConfig, settings)
+    load_plugins(given.plugins)  # what they register may be named below (an algorithm, a dataset)
     base: dict[str, Any] = {}
     if "model" not in settings:  # a model that fits the dataset, unless the paper setup names one
         fits = DATASETS.get(given.data.dataset).model if given.data.dataset in DATASETS else ""

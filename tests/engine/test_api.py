@@ -208,3 +208,17 @@ def test_sweep_gives_the_suites_table_as_dataframes(tmp_path, ray_local):
         last = res.trials[(res.trials["config"] == row["config"]) & (res.trials["round"] == 2)]
         assert row["gm_gtest_mean"] == pytest.approx(last["gm_gtest"].mean())
         assert row["gm_gtest_std"] == pytest.approx(last["gm_gtest"].std(ddof=0))
+
+
+def test_plugins_named_on_the_command_line(tmp_path):
+    """``--set plugins=[script.py]`` registers the script's algorithm before the config is resolved."""
+    from raysim.cli import main
+
+    script = ROOT / "examples" / "fedavgm.py"
+    argv = [
+        "--algo", "fedavgm", "--set", f"plugins=[{script}]", "--dataset", "synthetic", "--model", "mlp_fcd",
+        "--clients", "4", "--rounds", "1", "--executor", "serial", "--no-progress", "--no-tensorboard", "-q",
+        "--set", "data.synthetic.shape=[1,8,8]", "--out", str(tmp_path),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert raysim.load(tmp_path).config["algo"] == "fedavgm"
