@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,9 @@ import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# decoded datasets (raysim.data.datasets.cache_dir) go to a folder of this test session's, not the
+# user's cache
+os.environ.setdefault("RAYSIM_CACHE_DIR", tempfile.mkdtemp(prefix="raysim-test-cache-"))
 
 from raysim.config import ExperimentConfig, replace  # noqa: E402
 

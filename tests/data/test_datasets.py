@@ -88,6 +88,27 @@ def test_read_idx(tmp_path: Path, compress: bool, dtype: type, code: int) -> Non
     np.testing.assert_array_equal(got, array)
 
 
+def test_read_idx_keeps_gzipped_files_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzipped idx file is decoded once; its next reads load the decoded copy, until it changes."""
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    array = np.arange(60, dtype=np.uint8).reshape(3, 4, 5)
+    write_idx(tmp_path / "x-idx3", array, 0x08, True)
+    np.testing.assert_array_equal(read_idx(tmp_path / "x-idx3.gz"), array)
+    (copy,) = (tmp_path / "cache" / "idx").iterdir()
+    np.testing.assert_array_equal(np.load(copy), array)
+    np.save(copy, array + 1)  # what is in the cache is what the next read returns
+    np.testing.assert_array_equal(read_idx(tmp_path / "x-idx3.gz"), array + 1)
+    time.sleep(0.01)
+    write_idx(tmp_path / "x-idx3", array[:2], 0x08, True)  # a changed file is decoded anew
+    np.testing.assert_array_equal(read_idx(tmp_path / "x-idx3.gz"), array[:2])
+    write_idx(tmp_path / "y-idx3", array, 0x08, False)  # a plain file needs no copy
+    read_idx(tmp_path / "y-idx3")
+    assert len(list((tmp_path / "cache" / "idx").iterdir())) == 2
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "file"))  # no cache can be written there
+    np.testing.assert_array_equal(read_idx(tmp_path / "x-idx3.gz"), array[:2])
+
+
 def test_read_idx_rejects_other_files(tmp_path: Path) -> None:
     (tmp_path / "bad").write_bytes(b"\x12\x34\x08\x01abcd")
     with pytest.raises(ConfigError, match="not an idx file"):

@@ -115,6 +115,7 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
     from PIL import Image
 
     from raysim.data import build_federated_data
+    from raysim.partition_view import LEFT, cell_geometry, colour_of, heat_top
 
     res = raysim.run(**TINY, out=str(tmp_path / "run"))
     cfg = raysim.make_config(**TINY)
@@ -124,9 +125,15 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
     got = table[[f"count_{c}" for c in range(counts.shape[1])]].to_numpy()
     np.testing.assert_array_equal(got, counts)
     np.testing.assert_array_equal(table["train_size"], counts.sum(axis=1))
+    # every cell of the picture has its client's count of its class, in the colour scale
     with Image.open(res.run_dir / "partition.png") as im:
-        pixels = np.asarray(im.convert("L"), dtype=float)
-    assert pixels.shape[0] > 100 and pixels.std() > 10  # drawn, not blank
+        pixels = np.asarray(im.convert("RGB"))
+    n, k = counts.shape
+    cw, ch = cell_geometry(n, k)
+    top = heat_top("a title")
+    centres = pixels[top + (k - 1 - np.arange(k)) * ch + ch // 2][:, LEFT + np.arange(n) * cw + cw // 2]
+    np.testing.assert_array_equal(centres, colour_of(counts.T, int(counts.max())))
+    assert len({tuple(c) for c in colour_of(np.arange(int(counts.max()) + 1), int(counts.max()))}) > 3
     # raysim partition draws the same without running
     out = tmp_path / "alone.png"
     code = subprocess.run(

@@ -35,20 +35,32 @@ def test_runs_inside_a_ray_session_started_elsewhere_and_leaves_it_running(tmp_p
 
 @pytest.mark.ray
 def test_a_run_that_started_ray_stops_it(tmp_path):
+    """...and every process of that Ray: its daemons, the workers, and the agents the raylet
+    started (which outlive a raylet killed without its shutdown, unless raysim kills them too)."""
     code = (
-        "import sys\n"
+        "import psutil\n"
         "import raysim.runner\n"
+        "from raysim.output import BaseCallback\n"
         "from tests.conftest import tiny_config\n"
+        "class Census(BaseCallback):\n"
+        "    def on_round(self, stats, round_time):\n"
+        "        self.procs = psutil.Process().children(recursive=True)\n"
+        "census = Census()\n"
         f"cfg = tiny_config({str(tmp_path)!r}, rounds=1, **{{'ray.executor': 'ray', 'ray.workers': 1}})\n"
-        "raysim.runner.run_experiment(cfg)\n"
+        "raysim.runner.run_experiment(cfg, [census])\n"
         "import ray\n"
+        "gone, alive = psutil.wait_procs(census.procs, timeout=10)\n"
+        "print('during the run', len(census.procs), 'left', [p.name() for p in alive])\n"
         "print('initialized', ray.is_initialized())\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "initialized False"
+    during, end = proc.stdout.strip().splitlines()[-2:]
+    assert end == "initialized False"
+    # gcs, raylet, the agents and the worker at least, and none of them left
+    assert int(during.split()[3]) >= 5 and during.endswith("left []"), during
 
 
 def test_the_runner_does_not_import_ray():
