@@ -175,4 +175,4 @@ def read_picture(path: str | os.PathLike[str]) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
-__all__ = ["COLOURS", "LEFT", "LINE", "PICTURE", "TABLE", "cell_geometry", "heat_top", "colour_of", "describe", "draw_counts", "partition_table", "read_picture", "write_partition"]
+__all__ = ["COLOURS", "LEFT", "LINE", "PICTURE", "TABLE", "cell_geometry", "colour_of", "describe", "draw_counts", "heat_top", "partition_table", "read_picture", "write_partition"]

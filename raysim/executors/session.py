@@ -169,8 +169,9 @@ def stop_ray() -> None:
 
     node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
     kill = getattr(node, "kill_all_processes", None)
-    family = _descendants(node) if callable(kill) else []
+    family: list[Any] = []
     if callable(kill):
+        family = _descendants(node)
 
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
