@@ -2,11 +2,12 @@
 """Client updates per second on one worker: one by one against batched (``train.batch_clients``).
 
 Workload (issue 16): FedAvg's local update, ``cnn3p2_fmnist`` at batch 40, one local epoch, on
-Fashion-MNIST Dir(0.1) over 100 clients (``--dataset synthetic`` for a machine without it). One
-client runtime (what a worker hosts) trains the same ``--clients`` clients from the same global
-model, ``--repeats`` times for each setting: one by one (``run_chain``, as ``batch_clients=1``) and
-in batches of K (``run_batch``) for each K of ``--batch``. On the CPU (``--device cpu``, threads
-``--threads``) or a GPU (``--device cuda``: the worker asks for one whole GPU).
+Fashion-MNIST Dir(0.1) over 100 clients (``--dataset synthetic`` for a machine without it:
+Gaussian images in Fashion-MNIST's shape and sizes). One client runtime (what a worker hosts) trains
+the same ``--clients`` clients from the same global model, ``--repeats`` times for each setting:
+one by one (``run_chain``, as ``batch_clients=1``) and in batches of K (``run_batch``) for each K of
+``--batch``. On the CPU (``--device cpu``, threads ``--threads``) or a GPU (``--device cuda``: the
+worker asks for one whole GPU).
 
 Each setting prints its median seconds and client updates per second; the last line is one JSON
 object with them and ``speedup`` (batched over one by one) per K.
@@ -51,7 +52,14 @@ def main() -> None:
         algo="fedavg",
         model=args.model,
         clients=100,
-        data=replace(cfg.data, dataset=args.dataset, partition="dirichlet:0.1"),
+        data=replace(
+            cfg.data,
+            dataset=args.dataset,
+            partition="dirichlet:0.1",
+            # synthetic data in Fashion-MNIST's shape and sizes, so that the same model and
+            # partition fit it (its default 2000 samples leave Dir(0.1) clients under min_samples)
+            synthetic=replace(cfg.data.synthetic, train_samples=60000, test_samples=10000, shape=(1, 28, 28)),
+        ),
         train=replace(cfg.train, local_epochs=1, batch_size=40, lr=0.01, threads=args.threads),
         ray=RayConfig(executor="serial", gpus_per_worker=1.0 if args.device == "cuda" else 0.0),
     )
@@ -73,7 +81,7 @@ def main() -> None:
 
     def batched(k: int) -> None:
         for i in range(0, len(clients), k):
-            runtime.run_batch(1, clients[i : i + k], payload)
+            runtime.run_batch(1, [[c] for c in clients[i : i + k]], payload)  # k one-client jobs
 
     settings = {"one_by_one": one_by_one, **{f"batched_{k}": (lambda k=k: batched(k)) for k in args.batch}}
     times: dict[str, list[float]] = {name: [] for name in settings}

@@ -229,3 +229,24 @@ def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "s" / "clients.parquet"), pd.read_parquet(tmp_path / "r" / "clients.parquet")
     )
+
+
+def test_clients_per_second_benchmark_runs():
+    """scripts/bench/clients_per_second.py (issue 16) on its synthetic stand-in for Fashion-MNIST:
+    both settings run the same clients and report their rates (no speed is asserted)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench" / "clients_per_second.py"), "--dataset", "synthetic",
+         "--clients", "2", "--batch", "2", "--repeats", "1"],
+        capture_output=True, text=True, cwd=root, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["clients"] == 2 and result["samples"] > 0
+    assert result["one_by_one_per_s"] > 0 and result["batched_2_per_s"] > 0
+    assert result["speedup_2"] == pytest.approx(result["one_by_one_s"] / result["batched_2_s"], rel=1e-2)
