@@ -94,8 +94,9 @@ def build_modules(dim: int, num_classes: int, seed: int) -> Any:
             out: torch.Tensor = torch.relu(f * (self.gamma(v) + 1) + self.beta(v))
             return out
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    from raysim.models import seeded_global_rng
+
+    with seeded_global_rng(seed):
         return GPFLModules()
 
 

@@ -72,7 +72,10 @@ class TrainConfig:
     lr_decay: float = 0.99  # multiply the learning rate by this every round (Fed3+2p)
     lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
     lr_gamma: float = 0.1
-    threads: int | None = None  # intra-op threads of a training job; None: cpus_per_worker (at least 1)
+    #: intra-op threads of a training job; None: 1 on a CPU worker (which then trains
+    #: ``cpus_per_worker`` jobs at once, see ``ray.jobs_per_worker``), ``cpus_per_worker`` (at least 1)
+    #: on a GPU worker
+    threads: int | None = None
     #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
     #: where the algorithm and the model allow it; 1: one by one
     batch_clients: int = 1
@@ -96,6 +99,11 @@ class RayConfig:
     workers: int | None = None  # client-worker actors; None: as many as the resources allow
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    #: jobs a client worker trains at once, each in a thread of its own on ``train.threads`` intra-op
+    #: threads (independent jobs only: two jobs of one client run in order); None: a CPU worker
+    #: ``floor(cpus_per_worker / threads)`` (at least 1), a GPU worker 1. Small convolutions scale
+    #: poorly over intra-op threads, so two one-thread jobs beat one two-thread job (issue 16)
+    jobs_per_worker: int | None = None
     object_store_mb: int | None = None  # local Ray only
     #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
     #: state restored and the lost jobs retried, at most this many times in a run
@@ -140,7 +148,19 @@ class ExperimentConfig:
         """Intra-op threads every executor trains a job with (part of the numbers, see DESIGN.md)."""
         if self.train.threads is not None:
             return self.train.threads
-        return max(1, int(self.ray.cpus_per_worker))
+        if self.ray.gpus_per_worker > 0:
+            return max(1, int(self.ray.cpus_per_worker))
+        return 1
+
+    @property
+    def worker_jobs(self) -> int:
+        """Jobs a client worker trains at once (``ray.jobs_per_worker``, or its default). Where
+        jobs run does not change their numbers: each trains with :attr:`train_threads` threads."""
+        if self.ray.jobs_per_worker is not None:
+            return self.ray.jobs_per_worker
+        if self.ray.gpus_per_worker > 0:
+            return 1
+        return max(1, int(self.ray.cpus_per_worker + 1e-9) // self.train_threads)
 
     @property
     def clients_per_round(self) -> int:

@@ -170,6 +170,8 @@ def _check_ray(cfg: ExperimentConfig) -> None:
         raise ConfigError("CPUs and GPUs per worker cannot be negative.")
     if r.cpus_per_worker == 0 and r.gpus_per_worker == 0:
         raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
+    if r.jobs_per_worker is not None and r.jobs_per_worker < 1:
+        raise ConfigError(f"ray.jobs_per_worker must be at least 1, not {r.jobs_per_worker}.")
 
 
 def _check_data(cfg: ExperimentConfig) -> DatasetInfo:

@@ -20,7 +20,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "local_epochs": ("train.local_epochs", int, "local epochs E"),
     "batch_size": ("train.batch_size", int, "local batch size B"),
     "lr": ("train.lr", float, "initial learning rate"),
-    "threads": ("train.threads", int, "intra-op threads per training job (default: cpus per worker)"),
+    "threads": (
+        "train.threads",
+        int,
+        "intra-op threads per training job (default: 1 on a CPU worker, cpus per worker on a GPU worker)",
+    ),
     "batch_clients": (
         "train.batch_clients",
         int,
@@ -38,6 +42,12 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "workers": ("ray.workers", int, "client-worker actors (default: as many as resources allow)"),
     "cpus_per_worker": ("ray.cpus_per_worker", float, "CPUs each client worker asks for"),
     "gpus_per_worker": ("ray.gpus_per_worker", float, "fraction of a GPU each client worker asks for"),
+    "jobs_per_worker": (
+        "ray.jobs_per_worker",
+        int,
+        "training jobs a client worker runs at once, each on --threads threads "
+        "(default: cpus per worker / threads on a CPU worker, 1 on a GPU worker)",
+    ),
     "checkpoint_every": (
         "output.checkpoint_every",
         int,

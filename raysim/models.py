@@ -12,8 +12,10 @@ reading and writing a model's parts as the flat arrays of :class:`raysim.weights
 
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -22,7 +24,15 @@ from torch import nn
 from raysim.errors import ConfigError
 from raysim.weights import PARTS, ModelWeights
 
-__all__ = ["L2Normalize", "SplitModel", "build_model", "float_tensors", "get_weights", "set_weights"]
+__all__ = [
+    "L2Normalize",
+    "SplitModel",
+    "build_model",
+    "float_tensors",
+    "get_weights",
+    "seeded_global_rng",
+    "set_weights",
+]
 
 
 class SplitModel(nn.Module):
@@ -261,6 +271,19 @@ def resnet18(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
 
 
+_GLOBAL_RNG = threading.Lock()
+
+
+@contextmanager
+def seeded_global_rng(seed: int) -> Iterator[None]:
+    """PyTorch's global generator seeded with ``seed`` for the block and restored after it, one
+    thread at a time (a client worker that trains several jobs at once may build models in several
+    threads; layers draw their initial parameters from the global generator)."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def build_model(
     name: str,
     input_shape: Sequence[int],
@@ -275,8 +298,7 @@ def build_model(
 
     spec = MODELS.get(name)
     spec.check_input(name, tuple(input_shape))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_rng(seed):
         try:
             model: SplitModel = spec.build(tuple(input_shape), num_classes)
         except RuntimeError as e:  # e.g. an input too small for the convolutions

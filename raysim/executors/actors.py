@@ -29,15 +29,17 @@ class ClientWorker:
         self.cfg, self.data, self.index = cfg, data, index
 
     def setup(self) -> tuple[str, str]:
-        """Build the runtime; returns (torch device, Ray node id)."""
+        """Build the runtimes (one per job slot, :mod:`~raysim.executors.slots`); returns (torch
+        device, Ray node id)."""
         import ray
 
-        from raysim.client import ClientRuntime
+        from raysim.executors.slots import JobSlots
         from raysim.logs import setup_worker_logging
 
         setup_worker_logging()
-        self.runtime = ClientRuntime(self.cfg, self.data)
-        self.runtime.warm_up()
+        self.slots = JobSlots(self.cfg, self.data, self.cfg.worker_jobs)
+        self.runtime = self.slots.main
+        self.slots.warm_up()
         return str(self.runtime.device), ray.get_runtime_context().get_node_id()
 
     def initial_weights(self) -> ModelWeights:
@@ -56,6 +58,14 @@ class ClientWorker:
         results = self.runtime.run_chain(rnd, clients, payload, last)
         return results, self.runtime.export_states(clients), len(results)
 
+    def run_jobs(self, rnd: int, jobs: Sequence[tuple[Sequence[int], int]], *payloads: Any) -> tuple[Any, ...]:
+        """Chains that start from a payload (no earlier segment), ``(clients, k)`` each, trained
+        from ``payloads[k]`` on the job slots. Called with ``num_returns=len(jobs) + 2``: each
+        job's results, the clients' memories as they leave, and the number of results."""
+        results = self.slots.run_jobs(rnd, [(clients, payloads[k]) for clients, k in jobs])
+        clients = [c for chain, _ in jobs for c in chain]
+        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
+
     def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, ...]:
         """Called with ``num_returns=len(chains) + 2``: each job's results (one segment, what the
         server reads), the clients' memories, and the number of results."""
@@ -71,7 +81,7 @@ class ClientWorker:
     def evaluate(
         self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
     ) -> EvalPart:
-        return self.runtime.evaluate(rnd, eval_payload, targets, clients)
+        return self.slots.evaluate(rnd, eval_payload, targets, clients)
 
 
 class ServerActor:

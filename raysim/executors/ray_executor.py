@@ -4,7 +4,9 @@ Each client worker asks for a share of a CPU or a fraction of a GPU and hosts ma
 (:mod:`~raysim.executors.placement` says where they live and where jobs run). The dataset goes into
 the object store once and every worker reads it zero-copy. A chain whose clients live on several
 workers runs as segments, each segment's result passed to the next worker as an ObjectRef that never
-visits the driver. Workers that die are replaced (:mod:`~raysim.executors.recovery`).
+visits the driver. A worker's chains that start from a payload go to it in one call, which trains
+them side by side on its job slots (:mod:`~raysim.executors.slots`). Workers that die are replaced
+(:mod:`~raysim.executors.recovery`).
 
 The executor owns its Ray session (:mod:`~raysim.executors.session`): :meth:`RayExecutor.start`
 starts local Ray or joins a cluster while the data loads, and :meth:`RayExecutor.shutdown` stops Ray
@@ -39,6 +41,9 @@ from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, Job
 
 log = logging.getLogger(__name__)
+
+#: a chain segment of a round: (job, segment, its clients)
+Member = tuple[int, int, tuple[int, ...]]
 
 
 class RayExecutor:
@@ -144,11 +149,22 @@ class RayExecutor:
             )
             if not todo:
                 break
-            submitted = []
+            # each submission: its (job, segment, clients) members, their memories' ref, its count's ref
+            submitted: list[tuple[list[Member], Any, Any]] = []
+            # a worker's consecutive chains from a payload go in one call, which trains them on its
+            # job slots; each worker's calls keep the order of ``todo``
+            open_calls: dict[int, list[Member]] = {}
             for _, j, s in todo:
                 w, start, stop = placement[j][s]
-                prev = results[j][s - 1] if s > 0 else None
-                clients = jobs[j].clients[start:stop]
+                clients = tuple(jobs[j].clients[start:stop])
+                if len(units[j]) == 1 and s == 0:
+                    open_calls.setdefault(w, []).append((j, s, clients))
+                    continue
+                # before a worker's next call, its open one; before a later segment, every open one
+                # (the segment before it may be in one)
+                for v in [w] if s == 0 else list(open_calls):
+                    if v in open_calls:
+                        submitted.append(self._run_jobs(v, rnd, open_calls.pop(v), jobs, results))
                 if len(units[j]) > 1:
                     chains = [planned[i].clients for i in units[j]]
                     if pinned_batch[j]:  # the members' memories from their homes, before the batch
@@ -158,27 +174,31 @@ class RayExecutor:
                         .run_batch.options(num_returns=len(chains) + 2)
                         .remote(rnd, chains, jobs[j].payload)
                     )
-                    res, states, count = list(refs[:-2]), refs[-2], refs[-1]
-                else:
+                    results[j][s] = list(refs[:-2])
+                    submitted.append(([(j, s, clients)], refs[-2], refs[-1]))
+                else:  # a later segment of a chain, from the segment before
                     res, states, count = (
                         self.pool.workers[w]
                         .run_chain.options(num_returns=3)
-                        .remote(rnd, clients, jobs[j].payload, prev)
+                        .remote(rnd, clients, jobs[j].payload, results[j][s - 1])
                     )
-                results[j][s] = res
-                submitted.append((j, s, clients, states, count))
+                    results[j][s] = res
+                    submitted.append(([(j, s, clients)], states, count))
+            for w, members in open_calls.items():
+                submitted.append(self._run_jobs(w, rnd, members, jobs, results))
             failure: BaseException | None = None
-            for j, s, clients, states, count in submitted:
+            for members, states, count in submitted:
                 try:
                     ray.get(count)
                 except ray.exceptions.RayError as e:
                     failure = failure or e
                     continue
-                done[j][s] = True
-                if jobs[j].pinned or pinned_batch[j]:  # clients whose memory lives on a home worker
-                    self.pool.latest.update(dict.fromkeys(clients, states))
-                if pinned_batch[j]:
-                    homecoming += self._send_home(placement[j][s][0], clients, states)
+                for j, s, clients in members:
+                    done[j][s] = True
+                    if jobs[j].pinned or pinned_batch[j]:  # clients whose memory lives on a home worker
+                        self.pool.latest.update(dict.fromkeys(clients, states))
+                    if pinned_batch[j]:
+                        homecoming += self._send_home(placement[j][s][0], clients, states)
             if failure is not None:
                 self.pool.recover(failure, self.server)
         per_job: list[list[Any]] = [[] for _ in planned]  # each planned job's segments, as the server planned them
@@ -193,6 +213,18 @@ class RayExecutor:
         ray.get(homecoming)
         self.server_state = state_ref
         return stats
+
+    def _run_jobs(
+        self, w: int, rnd: int, members: list[Member], jobs: Sequence[Job], results: list[list[Any]]
+    ) -> tuple[list[Member], Any, Any]:
+        """Worker ``w`` trains ``members`` (first segments, each from its job's payload) in one
+        call; each member's results ref goes into ``results``. Returns the submission."""
+        payloads = list(dict.fromkeys(jobs[j].payload for j, _, _ in members))  # each payload once
+        specs = [(clients, payloads.index(jobs[j].payload)) for j, _, clients in members]
+        refs = self.pool.workers[w].run_jobs.options(num_returns=len(members) + 2).remote(rnd, specs, *payloads)
+        for (j, s, _), res in zip(members, refs[:-2], strict=True):
+            results[j][s] = res
+        return members, refs[-2], refs[-1]
 
     def _bring(self, w: int, clients: Sequence[int]) -> None:
         """Worker ``w`` takes the latest memories of those of ``clients`` whose home is elsewhere

@@ -94,3 +94,18 @@ def test_personalisation_baselines_serial_equal_ray(tmp_path, ray_local, algo):
     )
     assert serial.final["lm_ptest"] is not None or serial.final["gm_gtest"] is not None
     assert without_times(ray_run.rows) == without_times(serial.rows)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("algo", ["fedavg", "fed3p2"])
+def test_one_worker_training_two_jobs_at_once_equals_serial(tmp_path, ray_local, algo):
+    """A worker of 2 CPUs trains two one-thread jobs at once (raysim.executors.slots): the numbers
+    of the serial executor, for unpinned jobs (FedAvg), and for chains and personal heads kept in the
+    memory its job slots share (Fed3+2p)."""
+    setup = {"algo": algo, "model": "cnn3p2_fmnist", "data.synthetic.shape": (1, 16, 16), "ray.cpus_per_worker": 2}
+    if algo == "fed3p2":
+        setup.update({"clients": 10, "rounds": 4, "algo.num_type_a": 3, "algo.num_type_b": 3, "train.lr": 0.01})
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 1}))
+    assert tiny_config(**setup).worker_jobs == 2
+    assert without_times(ray_run.rows) == without_times(serial.rows)
