@@ -1,8 +1,8 @@
 """A client worker's job slots: it trains several independent jobs at once.
 
 On a CPU, a small network's convolutions scale poorly over intra-op threads: two one-thread jobs side
-by side do more per second than one job on two threads (issue 16 measured 10-35 % on this CNN). So a
-worker with ``cfg.worker_jobs`` slots holds that many :class:`~raysim.client.ClientRuntime` s, each
+by side do more per second than one job on two threads (issue 16 measured 10-50 % more on
+``cnn3p2_fmnist``). So a worker with ``cfg.worker_jobs`` slots holds that many :class:`~raysim.client.ClientRuntime` s, each
 with its own model and the algorithm's client side, all sharing the clients' memories (one dict: a
 client's memory lives on its worker, whichever slot trains it). A round's jobs for this worker run
 in threads of their own, each on ``cfg.train_threads`` intra-op threads, so a job's numbers are the
