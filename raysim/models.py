@@ -271,7 +271,7 @@ def resnet18(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     return SplitModel(extractor, nn.Identity(), nn.Linear(512, num_classes), 512, num_classes)
 
 
-_GLOBAL_RNG = threading.Lock()
+_GLOBAL_RNG = threading.RLock()  # re-entrant: an adapt_model may build a model itself
 
 
 @contextmanager
