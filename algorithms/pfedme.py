@@ -14,6 +14,12 @@ It uploads w_i and keeps theta_i on its home worker (its personalised model, the
 model before it is first sampled). Server: w^{t+1} = (1 - beta) w^t + beta (1/|S|) sum_{i in S} w_i
 (Eq. 9's mixing, ``beta``; 1 is FedAvg's averaging). GM = w. The steps are plain gradient steps
 (the paper's), as PFLlib's ``clientpFedMe`` runs them.
+
+Every local step solves on a full mini-batch: Algorithm 1 samples a batch D of size |D| at each
+step, and the authors' code and PFLlib leave out each epoch's last, partial batch. So pFedMe always
+drops it (whatever ``train.drop_last`` says); otherwise theta_i, which is what K inner steps on the
+epoch's last batch leave, would be fitted to the one or two samples a remainder can hold. A client
+with fewer samples than a batch solves on all of them, as one batch.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ class PFedMe(AveragedWeights):
         losses: list[float] = []
         samples = 0
         for epoch in range(self.cfg.train.local_epochs):
-            for batch in ctx.batches(epoch):
+            for batch in ctx.batches(epoch, drop_last=ctx.num_samples >= self.cfg.train.batch_size):
                 losses.append(solve_inner(ctx.model, theta, batch, local, p.lam, p.personal_lr, p.k_steps))
                 with torch.no_grad():
                     for w, t in zip(local, theta, strict=True):

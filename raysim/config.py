@@ -79,6 +79,9 @@ class TrainConfig:
     #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
     #: where the algorithm and the model allow it; 1: one by one
     batch_clients: int = 1
+    #: leave out each epoch's last, partial mini-batch (PyTorch's ``DataLoader(drop_last=True)``):
+    #: a client then trains on full batches only, and one with fewer samples than a batch not at all
+    drop_last: bool = False
 
 
 @dataclass(frozen=True)

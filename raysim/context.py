@@ -43,7 +43,16 @@ from raysim.models import (
     set_weights,
 )
 from raysim.prototypes import ClassMeans
-from raysim.train import Batch, LossFn, SGDConfig, TrainStats, cross_entropy, iterate_batches, local_train
+from raysim.train import (
+    Batch,
+    LossFn,
+    SGDConfig,
+    TrainStats,
+    batches_per_epoch,
+    cross_entropy,
+    iterate_batches,
+    local_train,
+)
 from raysim.weights import PARTS, ModelWeights, payload_nbytes
 from raysim.wire import ClientResult
 
@@ -164,13 +173,21 @@ class ClientContext:
             self._train = ws.gather(ws.data.train, ws.data.client_train[self.cid])
         return self._train
 
-    def batches(self, epoch: int, stream: str = "local") -> Iterator[Batch]:
+    def batches(self, epoch: int, stream: str = "local", *, drop_last: bool | None = None) -> Iterator[Batch]:
         """Shuffled mini-batches of epoch ``epoch`` of ``stream``, drawn from (seed, round, client,
-        stream, epoch)."""
+        stream, epoch); the last, partial one left out with ``drop_last`` (default
+        ``train.drop_last``)."""
         x, y = self.train_tensors()
         seed = rng.int_seed(self.cfg.seed, shuffle_purpose(stream, epoch), self.rnd, self.cid)
         order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(self.device)
-        return iterate_batches(x, y, order, self.cfg.train.batch_size)
+        drop = self.cfg.train.drop_last if drop_last is None else drop_last
+        return iterate_batches(x, y, order, self.cfg.train.batch_size, drop)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """The mini-batches :meth:`batches` gives an epoch (``train.drop_last`` counted)."""
+        t = self.cfg.train
+        return batches_per_epoch(self.num_samples, t.batch_size, t.drop_last)
 
     def generator(self, purpose: str) -> np.random.Generator:
         return rng.generator(self.cfg.seed, purpose, self.rnd, self.cid)
@@ -255,7 +272,7 @@ class ClientContext:
         run's (``train.momentum``, ``train.weight_decay``), e.g. FedETF's plain-SGD ETF tuning."""
         t = self.cfg.train
         if steps is not None:
-            per_epoch = -(-self.num_samples // t.batch_size)
+            per_epoch = self.batches_per_epoch
             n = -(-steps // per_epoch) if per_epoch else 0
         else:
             n = t.local_epochs if epochs is None else epochs
@@ -314,7 +331,7 @@ class ClientContext:
         counts = []
         for ctx in ctxs:
             if steps is not None:
-                per_epoch = -(-ctx.num_samples // t.batch_size)
+                per_epoch = ctx.batches_per_epoch
                 counts.append(-(-steps // per_epoch) if per_epoch else 0)
             else:
                 counts.append(t.local_epochs if epochs is None else epochs)

@@ -124,12 +124,19 @@ def local_train(
 
 
 def iterate_batches(
-    x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch_size: int
+    x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, batch_size: int, drop_last: bool = False
 ) -> Iterator[Batch]:
-    """Mini-batches of (x, y) in the order of ``order`` (the last one may be smaller)."""
-    for start in range(0, order.numel(), batch_size):
+    """Mini-batches of (x, y) in the order of ``order``: the last one may be smaller, or with
+    ``drop_last`` is left out (PyTorch's ``DataLoader(drop_last=True)``)."""
+    for start in range(0, batches_per_epoch(order.numel(), batch_size, drop_last) * batch_size, batch_size):
         idx = order[start : start + batch_size]
         yield x.index_select(0, idx), y.index_select(0, idx)
+
+
+def batches_per_epoch(samples: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many mini-batches an epoch over ``samples`` has: every full batch, and the remainder
+    as one more unless ``drop_last``."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
 @torch.inference_mode()

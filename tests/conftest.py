@@ -11,6 +11,13 @@ import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# PyTorch's CPU kernels (ATen's and oneDNN's) pick their instruction set from the processor, and an
+# AVX-512 kernel sums in another order than an AVX2 one: the last bits of a trained model then differ.
+# The golden metrics (tests/golden.py) were recorded with the AVX2 kernels, which every x86-64
+# machine of this project has, so the tests (and the Ray workers they start, which inherit this
+# environment) use those; set before anything imports torch.
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 # decoded datasets (raysim.data.datasets.cache_dir) go to a folder of this test session's, not the
 # user's cache
 os.environ.setdefault("RAYSIM_CACHE_DIR", tempfile.mkdtemp(prefix="raysim-test-cache-"))

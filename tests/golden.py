@@ -4,9 +4,13 @@ number. ``python -m tests.golden`` records them into ``tests/golden_metrics.json
 ``tests/engine/test_golden.py`` checks every case against that file, to the last bit.
 
 The file was recorded on commit 31f9591, before the dependency restructuring of issue 11; a case of
-an algorithm added since was recorded when the algorithm landed. One case was recorded again since, for a change that meant to move its numbers: ``fedprox``, when its
-proximal term's anchor became the received model (it had been whatever the worker's model held
-before the job).
+an algorithm added since was recorded when the algorithm landed. Cases recorded again since, each
+for a change that meant to move its numbers: ``fedprox``, when its proximal term's anchor became the
+received model (it had been whatever the worker's model held before the job); ``pfedme``, when its
+inner problem stopped solving on each epoch's last, partial batch (issue 30).
+
+The numbers are those of PyTorch's AVX2 kernels, which ``tests/conftest.py`` selects (an AVX-512
+kernel sums in another order); record with it imported, as ``python -m tests.golden`` does.
 """
 
 from __future__ import annotations

@@ -232,3 +232,32 @@ def test_serial_equals_ray(tmp_path, ray_local, algo):
     serial = run_experiment(tiny_config(tmp_path / "s", **setup))
     ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
     assert without_times(ray_run.rows) == without_times(serial.rows)
+
+
+def test_pfedme_personal_model_never_solves_on_a_partial_batch(tmp_path, monkeypatch):
+    """Issue 30: a client whose size leaves a remainder of 1 solves every inner problem on a full
+    batch, so its kept theta_i never fitted a 1-sample batch (whatever train.drop_last says); a
+    client smaller than a batch solves on all of its samples."""
+    import algorithms.pfedme as pfedme
+
+    sizes: list[int] = []
+    real = pfedme.solve_inner
+
+    def recording(model, params, batch, local, lam, lr, steps):
+        sizes.append(int(batch[1].shape[0]))
+        return real(model, params, batch, local, lam, lr, steps)
+
+    monkeypatch.setattr(pfedme, "solve_inner", recording)
+    n = [int(idx.size) for idx in prepare(tiny_config(tmp_path)).client_train]
+    b = next(b for b in range(5, 40) if any(k % b == 1 for k in n))
+    odd = next(c for c, k in enumerate(n) if k % b == 1)  # a batch size of b leaves one sample over
+    ex = _executor(tmp_path / "odd", "pfedme", **{"train.batch_size": b})
+    (res,) = run_round(ex, 1, [odd])
+    assert set(sizes) == {b} and len(sizes) == n[odd] // b, (sizes, n[odd])
+    assert res.samples_trained == 5 * b * (n[odd] // b)  # K = 5 steps on each full batch
+    kept = ex.runtime.kept(odd)
+    sizes.clear()
+    ex = _executor(tmp_path / "small", "pfedme", **{"train.batch_size": n[odd] + 1})
+    run_round(ex, 1, [odd])
+    assert sizes == [n[odd]]  # fewer samples than a batch: one batch of them all
+    assert not kept.equals(ex.runtime.kept(odd))

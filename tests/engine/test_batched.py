@@ -250,3 +250,35 @@ def test_clients_per_second_benchmark_runs():
     assert result["clients"] == 2 and result["samples"] > 0
     assert result["one_by_one_per_s"] > 0 and result["batched_2_per_s"] > 0
     assert result["speedup_2"] == pytest.approx(result["one_by_one_s"] / result["batched_2_s"], rel=1e-2)
+
+
+def _drop_last_setup(tmp_path, **more):
+    """FedAvg over every client, two epochs at a batch size that leaves remainders, with
+    train.drop_last; and each round's samples when exactly the remainders are left out."""
+    from raysim.runner import prepare
+
+    setup = {"participation": 1.0, "rounds": 2, "train.local_epochs": 2, "train.batch_size": 7, **CNN, **more}
+    sizes = [int(i.size) for i in prepare(tiny_config(tmp_path, **setup)).client_train]
+    assert any(n % 7 for n in sizes)  # some remainder to leave out
+    return {**setup, "train.drop_last": True}, 2 * sum(n // 7 * 7 for n in sizes), 2 * sum(sizes)
+
+
+@pytest.mark.parametrize("batch_clients", [1, 4])
+def test_drop_last_leaves_out_exactly_each_epochs_remainder(tmp_path, batch_clients):
+    setup, dropped, kept = _drop_last_setup(tmp_path, **{"train.batch_clients": batch_clients})
+    run = run_experiment(tiny_config(tmp_path / "drop", **setup))
+    assert [r["samples_trained"] for r in run.rows] == [dropped, 2 * dropped]  # cumulative
+    full = run_experiment(tiny_config(tmp_path / "keep", **{**setup, "train.drop_last": False}))
+    assert [r["samples_trained"] for r in full.rows] == [kept, 2 * kept]  # the default keeps the remainder
+
+
+@pytest.mark.ray
+def test_drop_last_is_the_same_on_serial_and_ray_batched_and_not(tmp_path, ray_local):
+    for batch_clients in (1, 3):
+        setup, dropped, _ = _drop_last_setup(tmp_path, **{"train.batch_clients": batch_clients, "eval.every": 1})
+        serial = run_experiment(tiny_config(tmp_path / f"s{batch_clients}", **setup))
+        ray_run = run_experiment(
+            tiny_config(tmp_path / f"r{batch_clients}", **setup, **{"ray.executor": "ray", "ray.workers": 2})
+        )
+        assert [r["samples_trained"] for r in ray_run.rows] == [dropped, 2 * dropped]  # cumulative
+        assert without_times(ray_run.rows) == without_times(serial.rows)
