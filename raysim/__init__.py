@@ -9,9 +9,15 @@ first use, so ``import raysim`` stays light (the Ray workers import raysim's mod
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 __version__ = "0.1.0"
+
+#: when this process first imported raysim: where a process's first run counts its start-up from
+#: (the interpreter's own start before it is tens of milliseconds; the process's creation time would
+#: count whatever ran before an ``exec`` of Python, e.g. scripts/setup.sh's installs)
+IMPORTED_AT = time.time()
 
 _EXPORTS = {
     "run": "raysim.api",

@@ -38,10 +38,29 @@ if TYPE_CHECKING:
 
     from raysim.output import Callback
 
+def settings_of(given: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
+    """``set=``'s settings: a mapping of dotted keys to values, or ``--set``'s ``KEY=VALUE`` texts."""
+    if given is None:
+        return {}
+    if isinstance(given, Mapping):
+        return dict(given)
+    if isinstance(given, str) or not isinstance(given, Sequence):
+        raise ConfigError(
+            f"set= takes a mapping of settings, e.g. {{'train.lr': 0.1}}, or a list of 'KEY=VALUE', not {given!r}."
+        )
+    out: dict[str, Any] = {}
+    for item in given:
+        key, sep, value = str(item).partition("=")
+        if not sep:
+            raise ConfigError(f"set= takes KEY=VALUE texts, not {item!r}.")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def make_config(
     config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     *,
-    set: Mapping[str, Any] | None = None,  # noqa: A002 - the name of the --set flag
+    set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
     **flags: Any,
 ) -> ExperimentConfig:
     """The experiment these settings give, resolved (paper setup beneath) and validated."""
@@ -55,7 +74,7 @@ def make_config(
     for name, value in flags.items():
         if value is not None:
             set_dotted(given, keys[name], value)
-    for key, value in (set or {}).items():
+    for key, value in settings_of(set).items():
         set_dotted(given, key, value)
     if isinstance(config, ExperimentConfig):
         # already resolved: no paper setup goes beneath it again (as when a run is resumed)
@@ -109,7 +128,7 @@ def load(run_dir: str | os.PathLike[str]) -> Result:
 def run(
     config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     *,
-    set: Mapping[str, Any] | None = None,  # noqa: A002 - the name of the --set flag
+    set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
     callbacks: Sequence[Callback] = (),
     **flags: Any,
 ) -> Result:
@@ -147,31 +166,42 @@ def sweep(
     seeds: str | Sequence[int] | None = None,
     out: str | os.PathLike[str] | None = None,
     name: str | None = None,
-    max_concurrent: int = 0,
+    max_concurrent: int | None = None,
     progress: bool = False,
-    set: Mapping[str, Any] | None = None,  # noqa: A002 - the name of the --set flag
+    search: str | None = None,
+    samples: int | None = None,
+    scheduler: str | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
     **flags: Any,
 ) -> SuiteResult:
     """Run a suite (a suite file's configurations x seeds, on Ray Tune) as ``scripts/sweep.py``
     does: ``flags`` and ``set`` override every trial's settings (a list value is a grid over its
-    values, a tuple one value, e.g. a shape); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``."""
+    values, a tuple one value, e.g. a shape; a text such as ``"loguniform(1e-3, 0.1)"`` a range for
+    ``search``); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``; ``search``, ``samples``, ``scheduler``,
+    ``metric`` and ``mode`` as the command's flags."""
     from raysim.sweep_cli import run_from_args, suite_dir_of, suite_from_args
 
     argv: list[str] = [str(suite)] if suite is not None else []
     if seeds is not None:
         argv += ["--seeds", seeds if isinstance(seeds, str) else ",".join(str(s) for s in seeds)]
-    if name is not None:
-        argv += ["--name", name]
-    if max_concurrent:
-        argv += ["--max-concurrent", str(max_concurrent)]
+    options = {
+        "name": name, "max-concurrent": max_concurrent, "search": search, "samples": samples,
+        "scheduler": scheduler, "metric": metric, "mode": mode,
+    }  # fmt: skip
+    for option, value in options.items():
+        if value is not None:
+            argv += [f"--{option}", str(value)]
     if not progress:
         argv.append("--no-progress")
     keys = flag_keys()
+    settings = settings_of(set)
     for key, value in flags.items():
         if key not in keys:
             raise ConfigError(f"Unknown setting {key!r} (known: {', '.join(sorted(keys))}, and set={{...}}).")
-        set = {**(set or {}), keys[key]: value}
-    for key, value in (set or {}).items():
+        settings[keys[key]] = value
+    for key, value in settings.items():
         if isinstance(value, list):  # a grid over the values
             text = ",".join(str(v) for v in value)
         elif isinstance(value, tuple):  # one value that is a sequence, e.g. a shape

@@ -20,7 +20,7 @@ from typing import Any
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted
 from raysim.errors import ConfigError, RunAborted
 from raysim.experiment import resolve_config, validate
-from raysim.flags import FLAGS, help_texts
+from raysim.flags import FLAGS, Parser, help_texts
 
 log = logging.getLogger("raysim")
 
@@ -37,13 +37,9 @@ RESUMABLE = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one sentence and exit 2, as for every bad input
-        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
-
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="run.py", description="Run one federated-learning experiment with raysim.")
+    p = Parser(prog="run.py", description="Run one federated-learning experiment with raysim.")
     p.add_argument("--config", help="YAML or TOML file with settings (an ExperimentConfig tree)")
     p.add_argument(
         "--resume",

@@ -39,7 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim {__version__}")
         return 0
     if args[0] not in COMMANDS:
-        print(f"raysim: error: unknown command {args[0]!r}.\n{usage()}", file=sys.stderr)
+        print(
+            f"raysim: error: unknown command {args[0]!r}.\n(the commands: {', '.join(COMMANDS)}; raysim --help)",
+            file=sys.stderr,
+        )
         return 2
     code: int = load_ref(COMMANDS[args[0]][0])(args[1:])
     return code

@@ -195,6 +195,13 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
         raise ConfigError(f"The {d.dataset} samples' shape must be positive sizes, not {info.input_shape}.")
     partition = parse_partition(d.partition)
     test_mode = parse_test_mode(d.test_mode)
+    if test_mode.kind == "natural":
+        if entry.natural_clients == 0:
+            raise ConfigError(
+                f"The natural test mode needs data with clients of its own; {d.dataset} has none (femnist has)."
+            )
+        if partition.kind != "natural":
+            raise ConfigError("The natural test mode needs the natural partition (--partition natural).")
     pool = info.train_size + (info.test_size if TEST_MODES.get(test_mode.kind).pools_test_set else 0)
     feasible = load_ref(PARTITIONS.get(partition.kind).feasible)
     feasible(partition.param, cfg.clients, info.num_classes, pool, d)

@@ -4,7 +4,10 @@ sets (``train.local_epochs``)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
+
+from raysim.errors import ConfigError
 
 # flag -> dotted config key
 FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -60,6 +63,14 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
 SWITCHES = {"download": "data.download", "tensorboard": "output.tensorboard", "progress": "output.progress"}
 
 
+class Parser(argparse.ArgumentParser):
+    """The commands' argument parser: a bad flag is a ConfigError (one sentence, exit status 2, as
+    for every bad input), not argparse's usage and exit."""
+
+    def error(self, message: str) -> Any:
+        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
+
+
 def help_texts() -> dict[str, str]:
     """Each flag's help, with the registries' names filled in (so that a new entry shows up)."""
     from raysim.registry import ALGORITHMS, DATASETS, EXECUTORS, MODELS, PARTITIONS, TEST_MODES, usages
@@ -80,4 +91,4 @@ def flag_keys() -> dict[str, str]:
     return {**{name: key for name, (key, _, _) in FLAGS.items()}, **SWITCHES}
 
 
-__all__ = ["FLAGS", "SWITCHES", "flag_keys", "help_texts"]
+__all__ = ["FLAGS", "SWITCHES", "Parser", "flag_keys", "help_texts"]

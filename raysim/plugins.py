@@ -55,8 +55,12 @@ def load_plugins(plugins: Iterable[str]) -> None:
             sys.path.insert(0, root)
         try:
             importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"The plugin {spec!r} cannot be imported ({e}).") from None
+        except ModuleNotFoundError as e:
+            if e.name is not None and module.startswith(e.name):  # the plugin itself, not an import of its
+                raise ConfigError(f"The plugin {spec!r} cannot be imported ({e}).") from None
+            raise ConfigError(f"The plugin {spec!r} {_failure(e)}.") from None
+        except Exception as e:  # a syntax error, or any error its code raised on import
+            raise ConfigError(f"The plugin {spec!r} {_failure(e)}.") from None
 
 
 def _load_script(path: str) -> None:
@@ -76,9 +80,29 @@ def _load_script(path: str) -> None:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error, or any error its code raised on import
+        del sys.modules[name]
+        raise ConfigError(f"The plugin script {path} {_failure(e)}.") from None
     except BaseException:
         del sys.modules[name]
         raise
+
+
+def _failure(e: Exception) -> str:
+    """Why a plugin failed to import, as a clause naming the file and line: a syntax error's own,
+    else the last line in the traceback that is not raysim's or Python's import machinery."""
+    import traceback
+
+    what = f"{type(e).__name__}: {e.msg if isinstance(e, SyntaxError) else e}".rstrip(".")
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"does not compile ({what}; {e.filename}, line {e.lineno})"
+    own = str(Path(__file__).resolve().parent)
+    frames = [
+        f for f in traceback.extract_tb(e.__traceback__)
+        if not f.filename.startswith("<") and not str(Path(f.filename).resolve()).startswith(own)
+    ]  # fmt: skip
+    at = f"; {frames[-1].filename}, line {frames[-1].lineno}" if frames else ""
+    return f"failed on import ({what}{at})"
 
 
 def plugin_of(obj: Any) -> str | None:

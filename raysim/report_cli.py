@@ -13,9 +13,9 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from raysim.errors import ConfigError
+from raysim.flags import Parser
 from raysim.report import (
     DEFAULT_METRICS,
     available_metrics,
@@ -27,17 +27,12 @@ from raysim.report import (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one sentence and exit 2, as for every bad input
-        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
-
-
 def _split(text: str | None) -> list[str] | None:
     return None if text is None else [s.strip() for s in text.split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="report.py", description="Plot and tabulate the metrics of raysim run directories.")
+    p = Parser(prog="report.py", description="Plot and tabulate the metrics of raysim run directories.")
     p.add_argument(
         "runs",
         nargs="+",

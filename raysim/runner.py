@@ -26,13 +26,14 @@ from raysim import rng
 from raysim.checkpoint import Checkpoint
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import FederatedData, build_federated_data
+from raysim.data.loading import DataLoad
 from raysim.errors import ConfigError, RunAborted
 from raysim.executors.base import Executor
 from raysim.experiment import algorithm_class, validate
 from raysim.metrics import MetricHistory, client_rows, summarize
 from raysim.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
 from raysim.records import RunTotals
-from raysim.registry import EXECUTORS, load_ref
+from raysim.registry import DATASETS, EXECUTORS, load_ref
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class RunResult:
     last_k: int
     totals: RunTotals
     setup_time_s: float
-    #: seconds from the process's start to the first round's dispatch (interpreter, imports, data,
+    #: seconds from the start (:func:`startup_origin`) to the first round's dispatch (imports, data,
     #: Ray and the workers), and from the last round's end to the executor's shutdown returning
     startup_s: float = 0.0
     shutdown_s: float = 0.0
@@ -109,17 +110,19 @@ class StopRequest:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def process_start_time() -> float:
-    """When this process started (seconds since the epoch): psutil's, else this module's import."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:  # psutil comes with ray[default]; without it, the import time below
-        return _IMPORTED
+_ran_before = False  # whether this process has started a run
 
 
-_IMPORTED = time.time()
+def startup_origin(called_at: float) -> float:
+    """Where a run's ``startup_s`` counts from (seconds since the epoch): the process's first run
+    from raysim's import (imports, data, Ray and the workers; an ``exec`` of Python counts from
+    there too), a later run of the same process (the API in a notebook, a test session) from its
+    own call."""
+    import raysim
+
+    global _ran_before
+    first, _ran_before = not _ran_before, True
+    return raysim.IMPORTED_AT if first else called_at
 
 
 def prepare(cfg: ExperimentConfig) -> FederatedData:
@@ -138,13 +141,19 @@ def start(
     cluster's start (e.g. the run's partition picture)."""
     validate(cfg)
     executor_cls = load_ref(EXECUTORS.get(cfg.ray.executor).cls)
+    if data is not None:
+        given = data
 
-    def load() -> FederatedData:
-        loaded = data if data is not None else build_federated_data(cfg.data, cfg.clients, cfg.seed)
-        if on_data is not None:
-            on_data(loaded)
-        return loaded
+        def load() -> FederatedData:
+            if on_data is not None:
+                on_data(given)
+            return given
 
+    else:  # the files are found (a missing dataset refused) before the cluster starts
+        loading = DataLoad(cfg.data, cfg.clients, cfg.seed, on_data)
+        if DATASETS.get(cfg.data.dataset).reads_files:
+            loading.wait_found()
+        load = loading.result
     executor: Executor = executor_cls.start(cfg, load)
     return executor
 
@@ -175,6 +184,7 @@ def run_experiment(
     run directory, with a checkpoint every ``output.checkpoint_every`` rounds and when stopped by
     Ctrl-C or a failure; return the metrics."""
     t0 = time.perf_counter()
+    origin = startup_origin(time.time())
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
     run_dir = default_run_dir(cfg)
@@ -208,7 +218,7 @@ def run_experiment(
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
         first = last_round + 1 if resume else (0 if algorithm_class(cfg.algo).prologue else 1)
-        startup = time.time() - process_start_time()
+        startup = time.time() - origin
         with StopRequest() as stop:
             for rnd in range(first, cfg.rounds + 1):
                 if rnd == 0:  # the prologue: every client, before training (FedFCD, PACFL, FedClust)

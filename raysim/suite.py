@@ -48,9 +48,47 @@ SUITE_FILE = "suite.yaml"
 STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
 TRIAL_FILE = "trial.json"  # in a trial's run directory: its configuration, seed and sampled settings
 #: range syntax for a searched setting: ``loguniform(1e-3, 1e-1)``, ``choice(3, 5, 10)``, ...
-_RANGE = re.compile(r"^\s*(uniform|loguniform|randint|qrandint|choice|quniform)\s*\((.*)\)\s*$")
-#: scheduler names that are easier to remember than Tune's own
-_SCHEDULER_NAMES = {"asha": "async_hyperband"}
+RANGE = re.compile(r"^\s*(uniform|loguniform|randint|qrandint|choice|quniform)\s*\((.*)\)\s*$")
+RANGE_FORMS = (
+    "uniform(a, b), loguniform(a, b), randint(a, b), quniform(a, b, q), qrandint(a, b, q) or choice(x, y, ...)"
+)
+#: Tune's search algorithms (``tune.search.SEARCH_ALG_IMPORT``) and the packages each needs beside Ray
+SEARCHERS: dict[str, tuple[str, ...]] = {
+    "random": (),
+    "variant_generator": (),
+    "ax": ("ax",),
+    "bayesopt": ("bayes_opt",),
+    "bohb": ("hpbandster", "ConfigSpace"),
+    "hebo": ("hebo",),
+    "hyperopt": ("hyperopt",),
+    "nevergrad": ("nevergrad",),
+    "optuna": ("optuna",),
+    "zoopt": ("zoopt",),
+}
+#: Tune's trial schedulers (``tune.schedulers.SCHEDULER_IMPORT``) that raysim's trials run under, and
+#: ``asha``, a name easier to remember than Tune's own
+SCHEDULERS = {
+    "asha": "async_hyperband",
+    "async_hyperband": "async_hyperband",
+    "asynchyperband": "asynchyperband",
+    "hyperband": "hyperband",
+    "hb_bohb": "hb_bohb",
+    "median_stopping_rule": "median_stopping_rule",
+    "medianstopping": "medianstopping",
+    "fifo": "fifo",
+}
+#: Tune's schedulers that need what raysim's trials do not give: Tune checkpoints to exploit and
+#: settings to mutate (population-based training), or a scheduler beneath (resource changing)
+UNSCHEDULABLE = ("pbt", "pb2", "pbt_replay", "resource_changing")
+#: what a trial reports to Tune at each evaluation that a search or scheduler can optimise
+SEARCH_METRICS = (
+    "gm_gtest",
+    "gm_ptest",
+    "gm_ptest_weighted",
+    "lm_ptest",
+    "lm_ptest_weighted",
+    "train_loss",
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +236,11 @@ def load_suite(path: str | Path) -> Suite:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"Unknown suite entry {unknown[0]!r} in {path} (known: {', '.join(sorted(known))}).")
+    if not data.get("configs") and not data.get("grid"):
+        raise ConfigError(
+            f"The suite file {path} lists no configurations: give configs (a list of a name and its settings "
+            "under set) or a grid."
+        )
     configs = []
     for i, entry in enumerate(data.get("configs") or []):
         if not isinstance(entry, Mapping) or "name" not in entry:
@@ -278,23 +321,104 @@ def make_suite(
         _check_search(search)
     for trial in trials(suite):
         experiment_config(trial, Path("."))  # every trial validates now, not after hours of others
+    if search is not None:
+        _check_sampled(suite)
     if equal_compute is not None:
         pair = {**base_for(suite.base, equal_compute.settings), **equal_compute.settings}
         experiment_config(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
     return suite
 
 
+def parse_range(key: str, text: str) -> tuple[str, list[Any]]:
+    """A searched setting's range: its kind and its values (numbers; a choice's may be words),
+    checked: two bounds, the low one below the high one, positive for ``loguniform``, whole
+    numbers for ``randint``, a positive step ``q``, at least one choice."""
+    m = RANGE.match(text)
+    if m is None:
+        raise ConfigError(f"The search range of {key} is {text!r}; write {RANGE_FORMS}.")
+    kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
+    if kind == "choice":
+        if not args:
+            raise ConfigError(f"The search range of {key}, {text!r}, chooses from nothing; name the values.")
+        return kind, [_number(a) for a in args]
+    want = 3 if kind.startswith("q") else 2
+    if len(args) != want:
+        form = f"{kind}(a, b, q)" if want == 3 else f"{kind}(a, b)"
+        raise ConfigError(f"The search range of {key}, {text!r}, takes {want} numbers: {form}.")
+    whole = kind in ("randint", "qrandint")
+    nums: list[Any] = []
+    for a in args:
+        try:
+            nums.append(int(a) if whole else float(a))
+        except ValueError:
+            what = "whole numbers" if whole else "numbers"
+            raise ConfigError(f"The search range of {key}, {text!r}, takes {what}, not {a!r}.") from None
+    low, high = nums[0], nums[1]
+    if not low < high:
+        raise ConfigError(f"The search range of {key}, {text!r}, needs its low bound below its high bound.")
+    if kind == "loguniform" and low <= 0:
+        raise ConfigError(f"The search range of {key}, {text!r}, is log-uniform: its bounds must be above 0.")
+    if want == 3 and not nums[2] > 0:
+        raise ConfigError(f"The search range of {key}, {text!r}, needs a step q above 0.")
+    return kind, nums
+
+
+def range_ends(kind: str, values: list[Any]) -> list[Any]:
+    """The values at a range's ends (every value of a choice): what a sampled trial may be given
+    at most, validated before any work (``randint``'s high bound is exclusive, as in Tune)."""
+    if kind == "choice":
+        return values
+    return [values[0], values[1] - 1 if kind == "randint" else values[1]]
+
+
 def _check_search(search: SearchSpec) -> None:
     for key, text in search.space.items():
-        if not _RANGE.match(text):
-            raise ConfigError(
-                f"The search range of {key} is {text!r}; write uniform(a, b), loguniform(a, b), randint(a, b), "
-                "quniform(a, b, q), qrandint(a, b, q) or choice(x, y, ...)."
-            )
+        parse_range(key, text)
     if search.samples < 1:
         raise ConfigError(f"A search needs at least 1 sample, not {search.samples}.")
     if search.mode not in ("max", "min"):
         raise ConfigError(f"The search's mode is max or min, not {search.mode!r}.")
+    if search.metric not in SEARCH_METRICS:
+        raise ConfigError(f"Unknown metric {search.metric!r} to search on (known: {', '.join(SEARCH_METRICS)}).")
+    algorithm = search.algorithm.lower()
+    if algorithm not in SEARCHERS:
+        raise ConfigError(f"Unknown search algorithm {search.algorithm!r} (known: {', '.join(SEARCHERS)}).")
+    import importlib.util
+
+    missing = [m for m in SEARCHERS[algorithm] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f"The search algorithm {algorithm} needs the package {missing[0]}, which is not installed "
+            f"(pip install it, or search with random)."
+        )
+    if search.scheduler is not None:
+        scheduler = search.scheduler.lower()
+        if scheduler in UNSCHEDULABLE:
+            raise ConfigError(
+                f"The scheduler {scheduler} needs trials that save Tune checkpoints and settings to mutate, "
+                f"which raysim's trials do not have; use one of {', '.join(SCHEDULERS)}."
+            )
+        if scheduler not in SCHEDULERS:
+            raise ConfigError(f"Unknown scheduler {search.scheduler!r} (known: {', '.join(SCHEDULERS)}).")
+        if scheduler == "hb_bohb" and algorithm != "bohb":
+            raise ConfigError("The scheduler hb_bohb goes with the search algorithm bohb (--search bohb).")
+
+
+def _check_sampled(suite: Suite) -> None:
+    """Every searched setting at each end of its range validates in the suite's trials (a rate
+    range reaching below 0 is refused now, not in the trial that samples it)."""
+    assert suite.search is not None
+    for trial in trials(suite):
+        for key, text in suite.search.space.items():
+            for value in range_ends(*parse_range(key, text)):
+                experiment_config(trial, Path("."), {key: value})
+        metric = suite.search.metric
+        cfg = experiment_config(trial, Path("."))
+        if metric.startswith("lm_"):
+            from raysim.experiment import algorithm_class
+
+            if not algorithm_class(cfg.algo).evaluates_personal(cfg):
+                raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to search on.")
 
 
 def trials(suite: Suite) -> list[Trial]:
@@ -443,15 +567,23 @@ def run_suite(
     resume: bool = False,
     address: str | None = None,
     progress: bool = True,
-    max_concurrent: int = 0,
+    max_concurrent: int | None = None,
 ) -> dict[str, Any]:
     """Run (or, with ``resume``, finish) every trial of ``suite`` on one Ray session (local Ray
-    unless ``address`` or RAY_ADDRESS names a cluster), then, if the suite pairs its configurations
-    with a baseline at equal compute, the baseline's trials; collect the results; return the
-    summary, with the trials left ``unfinished`` by a Ctrl-C."""
+    unless ``address`` or RAY_ADDRESS names a cluster), at most ``max_concurrent`` at once (None: as
+    many as fit), then, if the suite pairs its configurations with a baseline at equal compute, the
+    baseline's trials; collect the results; return the summary, with the trials left
+    ``unfinished`` by a Ctrl-C. The trials' datasets are found before Ray starts."""
     import os
 
+    from raysim.data.loading import check_files
     from raysim.executors import session
+
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ConfigError(
+            f"--max-concurrent must be at least 1 (leave it out to run as many trials at once as fit), "
+            f"not {max_concurrent}."
+        )
 
     # Tune's own console table and logger files: our progress line and run directories say it
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -464,10 +596,13 @@ def run_suite(
         raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
     if not resume and (suite_dir / SUITE_FILE).exists():
         raise ConfigError(f"{suite_dir} already holds a suite; --resume it, or give another --out.")
+    configs = [experiment_config(t, suite_dir) for t in trials(suite)]
+    for data in dict.fromkeys(c.data for c in configs):  # each dataset once, before Ray starts
+        check_files(data)
     suite_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         _write_yaml(suite_dir / SUITE_FILE, to_yaml(suite))
-    base_cfg = experiment_config(trials(suite)[0], suite_dir)
+    base_cfg = configs[0]
     if address is not None:
         base_cfg = dataclasses.replace(base_cfg, ray=dataclasses.replace(base_cfg.ray, address=address))
     started = session.start_ray(base_cfg)
@@ -483,7 +618,7 @@ def run_suite(
 
 
 def _stage(
-    suite: Suite, suite_dir: Path, name: str, todo: list[Trial], progress: bool, max_concurrent: int
+    suite: Suite, suite_dir: Path, name: str, todo: list[Trial], progress: bool, max_concurrent: int | None
 ) -> int:
     """One Tune experiment over ``todo`` (restored and finished if it was begun); the trials it
     left unfinished."""
@@ -523,6 +658,10 @@ def _stage(
         )
     grid = tuner.fit()
     if grid.errors:
+        for error in grid.errors:  # bad input found only with the data (an impossible partition)
+            cause = getattr(error, "cause", error)
+            if isinstance(cause, ConfigError):
+                raise ConfigError(str(cause)) from None
         raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
     # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
     # trials it leaves, and its results call them all terminated)
@@ -588,22 +727,17 @@ def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -
         )
     }
     if suite.search is not None and main:
-        space["search"] = {k: _tune_range(v) for k, v in suite.search.space.items()}
+        space["search"] = {k: _tune_range(k, v) for k, v in suite.search.space.items()}
     return space
 
 
-def _tune_range(text: str) -> Any:
+def _tune_range(key: str, text: str) -> Any:
     from ray import tune
 
-    m = _RANGE.match(text)
-    assert m is not None
-    kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
+    kind, values = parse_range(key, text)
     if kind == "choice":
-        return tune.choice([_number(a) for a in args])
-    nums = [float(a) for a in args]
-    if kind in ("randint", "qrandint"):
-        return getattr(tune, kind)(*(int(n) for n in nums))
-    return getattr(tune, kind)(*nums)
+        return tune.choice(values)
+    return getattr(tune, kind)(*values)
 
 
 def _number(text: str) -> Any:
@@ -615,22 +749,23 @@ def _number(text: str) -> Any:
     return text.strip("'\"")
 
 
-def _tune_config(suite: Suite, max_concurrent: int) -> Any:
+def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
     from ray import tune
 
     s = suite.search
     if s is None:
-        return tune.TuneConfig(max_concurrent_trials=max_concurrent or None)
-    searcher = tune.search.create_searcher(s.algorithm, metric=s.metric, mode=s.mode) if s.algorithm != "random" else None
+        return tune.TuneConfig(max_concurrent_trials=max_concurrent)
+    algorithm = s.algorithm.lower()
+    searcher = tune.search.create_searcher(algorithm, metric=s.metric, mode=s.mode) if algorithm != "random" else None
     scheduler = None
     if s.scheduler:
         kwargs: dict[str, Any] = {"metric": s.metric, "mode": s.mode}
-        scheduler = tune.schedulers.create_scheduler(_SCHEDULER_NAMES.get(s.scheduler, s.scheduler), **kwargs)
+        scheduler = tune.schedulers.create_scheduler(SCHEDULERS[s.scheduler.lower()], **kwargs)
     return tune.TuneConfig(
         num_samples=s.samples,
         search_alg=searcher,
         scheduler=scheduler,
-        max_concurrent_trials=max_concurrent or None,
+        max_concurrent_trials=max_concurrent,
     )
 
 

@@ -31,16 +31,12 @@ from raysim.errors import ConfigError
 log = logging.getLogger("raysim")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        raise ConfigError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
-
 
 def build_parser() -> argparse.ArgumentParser:
-    from raysim.flags import FLAGS, help_texts
+    from raysim.flags import FLAGS, Parser, help_texts
 
     run_help = help_texts()
-    p = _Parser(prog="sweep.py", description="Run a suite of raysim experiments on Ray Tune.")
+    p = Parser(prog="sweep.py", description="Run a suite of raysim experiments on Ray Tune.")
     p.add_argument("suite_file", nargs="?", help="a suite file (YAML or TOML): base, configs, grid, seeds")
     p.add_argument("--resume", metavar="SUITE_DIR", help="finish the interrupted suite in SUITE_DIR")
     p.add_argument("--seeds", help="seeds, e.g. 0-4 or 0,2,7 (default: the suite file's, else 0)")
@@ -52,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", default="gm_gtest", help="what --search and --scheduler optimise")
     p.add_argument("--mode", default="max", choices=("max", "min"))
     p.add_argument("--driver-cpus", type=float, help="CPUs reserved for each trial's driver and server (default 0)")
-    p.add_argument("--max-concurrent", type=int, default=0, help="trials at once at most (default: as many as fit)")
+    p.add_argument("--max-concurrent", type=int, help="trials at once at most (default: as many as fit)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     for name, (_, typ, _) in FLAGS.items():
@@ -83,7 +79,7 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
     """The suite the command line asks for and, with ``--resume``, its directory."""
     from raysim.flags import FLAGS
     from raysim.suite import (
-        _RANGE,
+        RANGE,
         SearchSpec,
         load_suite,
         make_suite,
@@ -119,7 +115,7 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
     grid: dict[str, list[Any]] = {}
     space: dict[str, str] = {}
     for key, value in given:
-        if _RANGE.match(value):
+        if RANGE.match(value):
             space[key] = value
             continue
         values = _split(value)

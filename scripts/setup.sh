@@ -70,7 +70,9 @@ case "${1:-}" in
     shift
     "$VPY" -m ruff check raysim algorithms scripts tests
     "$VPY" -m mypy raysim algorithms
-    exec "$VPY" -m pytest -q "$@" ;;
+    # two test processes (pytest-xdist): most tests that start Ray wait on it, and the other
+    # process's tests use the time (RAYSIM_TEST_PROCESSES=0 runs them in this one)
+    exec "$VPY" -m pytest -q -n "${RAYSIM_TEST_PROCESSES:-2}" "$@" ;;
   lint)
     "$VPY" -m ruff check raysim algorithms scripts tests
     exec "$VPY" -m mypy raysim algorithms ;;

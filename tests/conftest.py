@@ -25,6 +25,20 @@ os.environ.setdefault("RAYSIM_CACHE_DIR", tempfile.mkdtemp(prefix="raysim-test-c
 from raysim.config import ExperimentConfig, replace  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start Ray (mostly waiting on it) first, those starting a Ray of their own (in a
+    subprocess, the longest) before those sharing the session's: with ``-n 2`` (pytest-xdist, as
+    scripts/setup.sh runs the suite) the long ones then overlap each other and the short ones fill
+    the end, instead of one long test running alone at the end."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("ray") is None:
+            return 2
+        return 1 if "ray_local" in getattr(item, "fixturenames", ()) else 0
+
+    items.sort(key=weight)  # stable: each group keeps its order
+
+
 def tiny_config(tmp_path: Any = None, **changes: Any) -> ExperimentConfig:
     """A seconds-long experiment on synthetic data (dotted keys allowed in ``changes``)."""
     base = {

@@ -17,6 +17,7 @@ import math
 import os
 import pickle
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,25 @@ class ArrayDataset:
             fresh = sub.flags.c_contiguous and sub.flags.writeable and not np.may_share_memory(sub, self.x)
             return sub if fresh else np.array(sub, dtype=np.float32, order="C", copy=True)
         return normalise_images(sub, self.mean, self.std)
+
+
+_FOUND = threading.local()  # per loading thread: what to call once the files are found
+
+
+def files_found(title: str, where: Path | str, detail: str = "") -> None:
+    """A loader's word that its files are there (downloaded first if need be) and reading begins.
+    A run waits for it before starting Ray, so that a missing dataset is refused before any work,
+    while the reading itself goes on beside Ray's start (:class:`raysim.data.DataLoad`). A loader
+    that never says it is waited for to its end."""
+    logger.info("Loading %s from %s%s.", title, where, f" ({detail})" if detail else "")
+    callback = getattr(_FOUND, "callback", None)
+    if callback is not None:
+        callback()
+
+
+def on_files_found(callback: Any) -> None:
+    """Call ``callback()`` when a loader in this thread finds its files (None: nothing)."""
+    _FOUND.callback = callback
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
@@ -332,7 +352,7 @@ def load_fmnist(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Arr
                 f"Fashion-MNIST was not found in {_places(searched)}, and {reason}; install the "
                 "Debian package dataset-fashion-mnist, pass --data-dir, or allow the download."
             )
-    logger.info("Loading Fashion-MNIST from %s.", files["train_x"].parent)
+    files_found("Fashion-MNIST", files["train_x"].parent)
     splits = []
     for part in ("train", "test"):
         images = read_idx(files[f"{part}_x"])
@@ -422,7 +442,7 @@ def load_cifar(name: str, data_dir: str | None, download: bool) -> tuple[ArrayDa
                 f"{title} was not found in {_places(searched)}, and {reason}; pass --data-dir "
                 f"pointing at the folder that holds {folder}, or allow the download."
             )
-    logger.info("Loading %s from %s.", title, directory)
+    files_found(title, directory)
     splits = []
     for files in (train_files, test_files):
         parts = [_read_cifar_pickle(directory / f, label_key) for f in files]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places, read_idx
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places, files_found, read_idx
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def _load_idx_dataset(
                 f"pointing at the folder that holds {names['train_x']} and its three other idx files, "
                 "or allow the download."
             )
-    logger.info("Loading %s from %s.", title, files["train_x"].parent)
+    files_found(title, files["train_x"].parent)
     splits = []
     for part in ("train", "test"):
         x, y = _idx_split(files, part, title, classes, upright)
@@ -343,7 +343,7 @@ def load_svhn(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Array
                 f"SVHN was not found in {_places(searched)}, and {reason}; pass --data-dir pointing at "
                 "the folder that holds train_32x32.mat and test_32x32.mat, or allow the download."
             )
-    logger.info("Loading SVHN from %s.", files["train"].parent)
+    files_found("SVHN", files["train"].parent)
     splits = []
     for part in ("train", "test"):
         x, y = _read_svhn_mat(files[part])
@@ -397,7 +397,7 @@ def load_cinic10(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Ar
             f"cannot download it; download it from {CINIC10_URL} and unpack it into {root / 'cinic10'}, "
             "or pass --data-dir."
         )
-    logger.info("Loading CINIC-10 from %s.", directory)
+    files_found("CINIC-10", directory)
     splits = []
     for part in ("train", "test"):
         x, y = _cinic_split(directory / part)
@@ -524,7 +524,7 @@ def load_tinyimagenet(data_dir: str | None, download: bool) -> tuple[ArrayDatase
     for sub in ("train", "val"):
         if not (directory / sub).is_dir():
             raise ConfigError(f"The Tiny ImageNet folder {directory} has no {sub} folder.")
-    logger.info("Loading Tiny ImageNet from %s.", directory)
+    files_found("Tiny ImageNet", directory)
     wnids = _read_wnids(directory / "wnids.txt")
     train_x, train_y = _tiny_train(directory / "train", wnids)
     test_x, test_y = _tiny_val(directory / "val", wnids)

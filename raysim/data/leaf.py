@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places, files_found
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -222,12 +222,7 @@ def load_femnist(data_dir: str | None) -> tuple[ArrayDataset, ArrayDataset]:
     """
     root = Path(data_dir or DEFAULT_DATA_ROOT).expanduser()
     directory, train_files, test_files = _find_leaf_dir(root)
-    logger.info(
-        "Loading FEMNIST from %s (%d train and %d test json files).",
-        directory,
-        len(train_files),
-        len(test_files),
-    )
+    files_found("FEMNIST", directory, f"{len(train_files)} train and {len(test_files)} test json files")
     train_writers, _ = _read_split(directory / "train", train_files)
     test_writers, test_source = _read_split(directory / "test", test_files)
     index = {w: i for i, w in enumerate(sorted(w for w, _, y in train_writers if len(y)))}

@@ -27,13 +27,16 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def local_ray_environment() -> None:
-    """Environment for a Ray started here: loopback only, no usage reporting, and client workers at
-    normal priority. Ray starts its workers at niceness 15 (``RAY_worker_niceness``) to keep its
+    """Environment for a Ray started here: loopback only, no usage reporting, token authentication
+    without its warning, and client workers at normal priority. Ray starts its workers at niceness 15 (``RAY_worker_niceness``) to keep its
     daemons responsive; raysim's workers are the computation, and at niceness 15 any other process
     on the machine preempts them, which stalls intra-op threads waiting at their barriers."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # Ray turns token authentication on for a local cluster by default and says so in a warning the
+    # user cannot act on: authentication stays on, the warning goes
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 def cluster_address(cfg: ExperimentConfig) -> str | None:
@@ -79,19 +82,25 @@ def worker_runtime_env() -> dict[str, Any] | None:
 def start_ray(cfg: ExperimentConfig) -> bool:
     """Start local Ray or join the configured cluster. Returns True when this call started Ray (and
     so should shut it down)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = cluster_address(cfg)
+    if address is None:
+        local_ray_environment()
+    elif address.split("://", 1)[-1].startswith(("127.0.0.1:", "localhost:")):
+        # a cluster on this machine's loopback (cluster/local_cluster.sh): without this, Ray would
+        # give the driver the machine's network address, which the cluster cannot reach
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
+    from ray._private import ray_constants
 
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = cluster_address(cfg)
+    # Ray reads this when it is imported; where something imported it before, it is set here too
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "").lower() in ("0", "false"):
+        ray_constants.ENABLE_RAY_CLUSTER = False
     runtime_env = worker_runtime_env()
     if address is not None:
         check_reachable(address)
-        if address.split("://", 1)[-1].startswith(("127.0.0.1:", "localhost:")):
-            # a cluster on this machine's loopback (cluster/local_cluster.sh): without this, Ray
-            # would give the driver the machine's network address, which the cluster cannot reach
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
         except Exception as e:  # connection and auth failures: the user's cluster, not a bug
@@ -102,7 +111,6 @@ def start_ray(cfg: ExperimentConfig) -> bool:
             ) from None
         log.info("joined the Ray cluster at %s", address)
         return True
-    local_ray_environment()
     kwargs: dict[str, object] = {}
     if cfg.ray.object_store_mb:
         kwargs["object_store_memory"] = cfg.ray.object_store_mb * 1024 * 1024

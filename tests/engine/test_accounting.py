@@ -67,3 +67,24 @@ def test_the_tables_keep_a_column_that_first_appears_in_a_later_row(tmp_path):
         {"round": 1, "a": 1.0, "late": None},
         {"round": 2, "a": 2.0, "late": 3.0},
     ]
+
+
+def test_startup_counts_from_raysims_import_also_when_python_was_execd(tmp_path):
+    """``scripts/setup.sh run`` installs, then ``exec``s Python: the process was created when the
+    shell started, seconds before raysim did. startup_s counts raysim's own start-up only."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = (
+        f"exec {sys.executable} {root / 'scripts' / 'run.py'} --algo fedavg --dataset synthetic --clients 4 "
+        f"--rounds 1 --executor serial --no-progress --no-tensorboard -q --out {tmp_path / 'run'}"
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", f"sleep 3; {run}"], capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["setup_time_s"] <= summary["startup_s"] < wall - 3  # not the shell's 3 s before the exec

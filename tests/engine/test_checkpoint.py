@@ -158,7 +158,7 @@ def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     """Ctrl-C in a terminal reaches the whole foreground process group (the driver and the Ray it
     started): the round finishes, a checkpoint is written, exit status 130, and ``--resume`` on Ray
     gives the serial run's metrics."""
-    args = [*CLI_ARGS, "--workers", "2", "--local-epochs", "5", "--rounds", "60", "--checkpoint-every", "0"]
+    args = [*CLI_ARGS, "--workers", "2", "--local-epochs", "5", "--rounds", "20", "--checkpoint-every", "0"]
     proc = run_cli([*args, "--out", str(tmp_path / "run")], tmp_path, start_new_session=True)
     wait_for_rows(tmp_path / "run" / "metrics.parquet", proc, 2)
     os.killpg(proc.pid, signal.SIGINT)
@@ -166,7 +166,7 @@ def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" in err and "Traceback" not in err
     ckpt = checkpoint.load(tmp_path / "run")
-    assert 2 <= ckpt.round < 60 and json.loads(out.strip().splitlines()[-1])["stopped"]
+    assert 2 <= ckpt.round < 20 and json.loads(out.strip().splitlines()[-1])["stopped"]
     resumed = run_cli(["--resume", str(tmp_path / "run"), "--no-progress"], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]

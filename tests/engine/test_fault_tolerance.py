@@ -39,11 +39,10 @@ SETUP: dict[str, Any] = {
 
 class Kill(BaseCallback):
     """``ray.kill`` an actor of the running executor when round ``rnd`` is logged: at once (it is
-    gone when the next round starts) or ``delay`` seconds later, in the middle of the next round."""
+    gone when the next round starts) or, ``mid_round``, once the next round's jobs are under way."""
 
-    def __init__(self, executors: list[Any], rnd: int, which: str, delay: float = 0.0) -> None:
-        self.executors, self.rnd, self.which, self.delay = executors, rnd, which, delay
-        self.timer: threading.Timer | None = None
+    def __init__(self, executors: list[Any], rnd: int, which: str, mid_round: bool = False) -> None:
+        self.executors, self.rnd, self.which, self.mid_round = executors, rnd, which, mid_round
 
     def on_round(self, stats: Any, round_time: float) -> None:
         import ray
@@ -52,11 +51,21 @@ class Kill(BaseCallback):
             return
         ex = self.executors[-1]
         actor = ex.server if self.which == "server" else ex.workers[1]
-        if self.delay:
-            self.timer = threading.Timer(self.delay, ray.kill, (actor,))
-            self.timer.start()
-        else:
+        if not self.mid_round:
             ray.kill(actor)
+            return
+        train_round = ex.train_round
+
+        def next_round(*args: Any, **kwargs: Any) -> Any:
+            del ex.train_round  # once
+            timer = threading.Timer(0.05, ray.kill, (actor,))  # its jobs are submitted by then
+            timer.start()
+            try:
+                return train_round(*args, **kwargs)
+            finally:
+                assert not timer.is_alive(), "the round ended before the kill"
+
+        ex.train_round = next_round
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +81,7 @@ def test_a_dead_client_worker_is_replaced_and_the_metrics_do_not_change(
 ):
     cfg = tiny_config(tmp_path, **SETUP, **{"ray.executor": "ray", "ray.workers": 2})
     # round 2 is in phase 1 (chains across workers), round 4 in phase 2 (personal state on workers)
-    kills = [Kill(executors, 2, "worker", 0.0 if when == "between_rounds" else 0.3)]
-    kills.append(Kill(executors, 4, "worker", 0.0 if when == "between_rounds" else 0.3))
+    kills = [Kill(executors, rnd, "worker", mid_round=when == "mid_round") for rnd in (2, 4)]
     result = run_experiment(cfg, kills)
     assert result.worker_restarts == 2
     assert without_times(result.rows) == without_times(undisturbed.rows)

@@ -166,52 +166,81 @@ def test_trials_that_do_not_fit_at_once_queue_instead_of_oversubscribing(tmp_pat
 
 
 @pytest.mark.ray
-def test_an_interrupted_suite_resumes_to_the_same_table_without_rerunning_finished_trials(tmp_path):
-    """Ctrl-C once the first trial is done and the second has a checkpoint; --resume finishes the
-    second from its checkpoint, runs the first no more, and the table is the uninterrupted runs'."""
+def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunning_finished_trials(
+    tmp_path, ray_local
+):
+    """Three trials, one at a time. Ctrl-C once the first is done and the second has a checkpoint;
+    --resume, then kill -9 of the driver (and with it its local Ray) once the second is done and the
+    third has a checkpoint; --resume again. The finished trials never run again, the stopped ones
+    go on from their checkpoints, and the table and summary.json are the uninterrupted suite's."""
+    from raysim.suite import run_suite
+
     run = [*TINY, "--rounds", "8", "--checkpoint-every", "1", "--eval-every", "2"]
     sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
     stopped = tmp_path / "stopped"
-    proc = subprocess.Popen(
-        [*sweep, "--algo", "fedavg", "--seeds", "0-1", "--max-concurrent", "1", "--no-progress", *run,
-         "--out", str(stopped)],
-        env=ENV, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
-    def midway() -> bool:  # one trial done, another with a checkpoint but no summary yet
-        runs = list((stopped / "runs").glob("*")) if (stopped / "runs").exists() else []
-        done = [r for r in runs if (r / "summary.json").exists()]
-        going = [r for r in runs if (r / "checkpoint.pkl").exists() and not (r / "summary.json").exists()]
-        return bool(done) and bool(going)
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*sweep, *args, "--no-progress"], env=ENV, cwd=ROOT, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
 
-    deadline = time.monotonic() + 240
-    while not midway() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
+    def wait_until(proc: subprocess.Popen[str], finished: int) -> None:
+        """Until ``finished`` trials are done and another has a checkpoint but no summary yet."""
+
+        def there() -> bool:
+            runs = list((stopped / "runs").glob("*")) if (stopped / "runs").exists() else []
+            done = [r for r in runs if (r / "summary.json").exists()]
+            going = [r for r in runs if (r / "checkpoint.pkl").exists() and not (r / "summary.json").exists()]
+            return len(done) == finished and bool(going)
+
+        deadline = time.monotonic() + 240
+        while not there() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert there(), proc.stderr.read()[-3000:] if proc.poll() is not None else "timed out"
+
+    def finished() -> set[str]:
+        return {p.parent.name for p in (stopped / "runs").glob("*/summary.json")}
+
+    proc = start("--algo", "fedavg", "--seeds", "0-2", "--max-concurrent", "1", *run, "--out", str(stopped))
+    wait_until(proc, 1)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "--resume" in err
-    finished_before = {p.parent.name for p in (stopped / "runs").glob("*/summary.json")}
-    assert len(finished_before) == 1
+    (first,) = finished()
+    proc = start("--resume", str(stopped))
+    wait_until(proc, 2)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver, at once
+    proc.communicate(timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)  # and what it started: nothing of that Ray session goes on
+    (second,) = finished() - {first}
     resumed = subprocess.run(
         [*sweep, "--resume", str(stopped), "--no-progress"], env=ENV, cwd=ROOT, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     starts = [line.split() for line in (stopped / "trial_starts.log").read_text().splitlines()]
-    (first,) = finished_before
     assert [s[1] for s in starts if s[0] == first] == ["start"]  # a finished trial ran once
-    (second,) = {s[0] for s in starts} - {first}
-    assert [s[1] for s in starts if s[0] == second][-1] == "resume"  # ... the other went on
+    assert [s[1] for s in starts if s[0] == second] == ["start", "resume"]  # ... the stopped one went on
+    (third,) = {s[0] for s in starts} - {first, second}
+    assert [s[1] for s in starts if s[0] == third][-1] == "resume"  # ... and so did the killed one
     table = pq.read_table(stopped / "metrics.parquet").to_pylist()
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         want = _run_py(["--algo", "fedavg", "--seed", str(seed), *run], tmp_path / f"seed{seed}")
         got = [
             {k: v for k, v in r.items() if k not in ("config", "seed", "trial")} for r in table if r["seed"] == seed
         ]
         assert without_times(got) == without_times(want), seed
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
-    assert summary["trials"] == 2 and summary["configs"][0]["seeds"] == [0, 1]
+    assert summary["trials"] == 3 and summary["configs"][0]["seeds"] == [0, 1, 2]
+    whole, _, _ = suite_from_args(["--algo", "fedavg", "--seeds", "0-2", *run])
+    run_suite(whole, tmp_path / "whole", progress=False)
+
+    def table_of(suite_dir: Path) -> dict:
+        return {k: v for k, v in json.loads((suite_dir / "summary.json").read_text()).items() if k != "suite_dir"}
+
+    assert table_of(stopped) == table_of(tmp_path / "whole")
 
 
 @pytest.mark.ray
