@@ -4,6 +4,7 @@ neither starts nor stops Ray, and gives back what it took. The runner never impo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -70,3 +71,24 @@ def test_the_runner_does_not_import_ray():
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(m == "ray" or m.startswith(("ray.", "raysim.executors.session")) for m in imported)
+
+
+@pytest.mark.ray
+def test_a_local_run_prints_only_raysims_lines_and_stays_on_loopback(tmp_path):
+    """Issue 25: no warning the user cannot act on (Ray's token authentication stays on, its notice
+    goes), and local Ray on 127.0.0.1 even where nothing set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
+    before Ray was imported."""
+    import re
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ENABLE_WINDOWS", "RAY_AUTH_MODE", "RAY_ADDRESS"))}
+    args = [
+        "--algo", "fedavg", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "4", "--rounds", "1",
+        "--workers", "1", "--no-progress", "--out", str(tmp_path / "run"),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run.py"), *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(re.match(r"^\d\d:\d\d:\d\d INFO raysim\.", line) for line in lines), proc.stderr
+    assert any("started local Ray at 127.0.0.1:" in line for line in lines), proc.stderr
