@@ -5,8 +5,9 @@ Each client worker asks for a share of a CPU or a fraction of a GPU and hosts ma
 the object store once and every worker reads it zero-copy. A chain whose clients live on several
 workers runs as segments, each segment's result passed to the next worker as an ObjectRef that never
 visits the driver. A worker's chains that start from a payload go to it in one call, which trains
-them side by side on its job slots (:mod:`~raysim.executors.slots`). Workers that die are replaced
-(:mod:`~raysim.executors.recovery`).
+them side by side on its job slots (:mod:`~raysim.executors.slots`). What goes to which worker in
+which order is a pure plan (:mod:`~raysim.executors.schedule`); this executor submits it, collects
+the results and replaces workers that die (:mod:`~raysim.executors.recovery`).
 
 The executor owns its Ray session (:mod:`~raysim.executors.session`): :meth:`RayExecutor.start`
 starts local Ray or joins a cluster while the data loads, and :meth:`RayExecutor.shutdown` stops Ray
@@ -26,7 +27,6 @@ from raysim.data import FederatedData
 from raysim.executors import session
 from raysim.executors.actors import ServerActor, config_errors_first
 from raysim.executors.base import DataLoader
-from raysim.executors.batching import batch_units
 from raysim.executors.evaluation import (
     accuracy_of,
     assemble_report,
@@ -34,16 +34,14 @@ from raysim.executors.evaluation import (
     split_targets,
     validation_target,
 )
-from raysim.executors.placement import lpt_assign, place_jobs
+from raysim.executors.placement import lpt_assign
 from raysim.executors.recovery import WorkerPool, server_get
+from raysim.executors.schedule import BatchCall, Call, JobsCall, RoundPlan, next_wave, plan_round
 from raysim.experiment import algorithm_class
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, Job
 
 log = logging.getLogger(__name__)
-
-#: a chain segment of a round: (job, segment, its clients)
-Member = tuple[int, int, tuple[int, ...]]
 
 
 class RayExecutor:
@@ -122,109 +120,66 @@ class RayExecutor:
     # ---- rounds
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
+        """The server's plan for the round, scheduled (:mod:`~raysim.executors.schedule`) and
+        submitted wave by wave until every segment is done (a failed call's segments go again, on
+        a replacement worker); then the server aggregates."""
         import ray
 
         planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
-        # jobs trained together (train.batch_clients) run as one unit on one worker: an unpinned
-        # batch where the round's load is lightest, a pinned one on its first client's home worker,
-        # the others' memories brought there and sent home afterwards
-        units = batch_units(planned, self.cfg.train.batch_clients, self.batches_pinned)
-        jobs = [
-            planned[u[0]] if len(u) == 1 else Job(tuple(c for j in u for c in planned[j].clients), planned[u[0]].payload)
-            for u in units
-        ]
-        placement = place_jobs(jobs, self.pool.home, self.sizes, self.num_workers)
-        pinned_batch = [len(u) > 1 and planned[u[0]].pinned for u in units]
-        for u, pinned in enumerate(pinned_batch):
-            if pinned:
-                placement[u] = [(self.pool.home[jobs[u].clients[0]], 0, len(jobs[u].clients))]
+        plan = plan_round(planned, self.cfg.train.batch_clients, self.batches_pinned, self.pool.home, self.sizes, self.num_workers)
+        results: list[list[Any]] = [[None] * len(segs) for segs in plan.placement]
+        done: set[tuple[int, int]] = set()
         homecoming: list[Any] = []
-        results: list[list[Any]] = [[None] * len(segs) for segs in placement]
-        done: list[list[bool]] = [[False] * len(segs) for segs in placement]
-        while True:
-            # Submit in waves of chain position: a segment only waits for segments that start
-            # earlier, so no worker's queue can block on a segment queued behind it (no deadlock).
-            todo = sorted(
-                (segs[s][1], j, s) for j, segs in enumerate(placement) for s in range(len(segs)) if not done[j][s]
-            )
-            if not todo:
-                break
-            # each submission: its (job, segment, clients) members, their memories' ref, its count's ref
-            submitted: list[tuple[list[Member], Any, Any]] = []
-            # a worker's consecutive chains from a payload go in one call, which trains them on its
-            # job slots; each worker's calls keep the order of ``todo``
-            open_calls: dict[int, list[Member]] = {}
-            for _, j, s in todo:
-                w, start, stop = placement[j][s]
-                clients = tuple(jobs[j].clients[start:stop])
-                if len(units[j]) == 1 and s == 0:
-                    open_calls.setdefault(w, []).append((j, s, clients))
-                    continue
-                # before a worker's next call, its open one; before a later segment, every open one
-                # (the segment before it may be in one)
-                for v in [w] if s == 0 else list(open_calls):
-                    if v in open_calls:
-                        submitted.append(self._run_jobs(v, rnd, open_calls.pop(v), jobs, results))
-                if len(units[j]) > 1:
-                    chains = [planned[i].clients for i in units[j]]
-                    if pinned_batch[j]:  # the members' memories from their homes, before the batch
-                        self._bring(w, clients)
-                    refs = (
-                        self.pool.workers[w]
-                        .run_batch.options(num_returns=len(chains) + 2)
-                        .remote(rnd, chains, jobs[j].payload)
-                    )
-                    results[j][s] = list(refs[:-2])
-                    submitted.append(([(j, s, clients)], refs[-2], refs[-1]))
-                else:  # a later segment of a chain, from the segment before
-                    res, states, count = (
-                        self.pool.workers[w]
-                        .run_chain.options(num_returns=3)
-                        .remote(rnd, clients, jobs[j].payload, results[j][s - 1])
-                    )
-                    results[j][s] = res
-                    submitted.append(([(j, s, clients)], states, count))
-            for w, members in open_calls.items():
-                submitted.append(self._run_jobs(w, rnd, members, jobs, results))
+        while calls := next_wave(plan, done):
+            # each call's memories ref and count ref (the count resolves once the call is done)
+            submitted = [self._submit(rnd, plan, call, results) for call in calls]
             failure: BaseException | None = None
-            for members, states, count in submitted:
+            for call, (states, count) in zip(calls, submitted, strict=True):
                 try:
                     ray.get(count)
                 except ray.exceptions.RayError as e:
                     failure = failure or e
                     continue
-                for j, s, clients in members:
-                    done[j][s] = True
-                    if jobs[j].pinned or pinned_batch[j]:  # clients whose memory lives on a home worker
-                        self.pool.latest.update(dict.fromkeys(clients, states))
-                    if pinned_batch[j]:
-                        homecoming += self._send_home(placement[j][s][0], clients, states)
+                for m in call.members:
+                    done.add(m.key)
+                    pinned_batch = plan.pinned_batch[m.unit]
+                    if plan.jobs[m.unit].pinned or pinned_batch:  # clients whose memory lives on a home worker
+                        self.pool.latest.update(dict.fromkeys(m.clients, states))
+                    if pinned_batch:
+                        homecoming += self._send_home(m.worker, m.clients, states)
             if failure is not None:
                 self.pool.recover(failure, self.server)
-        per_job: list[list[Any]] = [[] for _ in planned]  # each planned job's segments, as the server planned them
-        for u, unit in enumerate(units):
-            if len(unit) > 1:
-                for i, j in enumerate(unit):
-                    per_job[j] = [results[u][0][i]]
-            else:
-                per_job[unit[0]] = results[u]
-        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, per_job)
+        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, plan.per_planned_job(results))
         stats: RoundStats = server_get(stats_ref)
         ray.get(homecoming)
         self.server_state = state_ref
         return stats
 
-    def _run_jobs(
-        self, w: int, rnd: int, members: list[Member], jobs: Sequence[Job], results: list[list[Any]]
-    ) -> tuple[list[Member], Any, Any]:
-        """Worker ``w`` trains ``members`` (first segments, each from its job's payload) in one
-        call; each member's results ref goes into ``results``. Returns the submission."""
-        payloads = list(dict.fromkeys(jobs[j].payload for j, _, _ in members))  # each payload once
-        specs = [(clients, payloads.index(jobs[j].payload)) for j, _, clients in members]
-        refs = self.pool.workers[w].run_jobs.options(num_returns=len(members) + 2).remote(rnd, specs, *payloads)
-        for (j, s, _), res in zip(members, refs[:-2], strict=True):
-            results[j][s] = res
-        return members, refs[-2], refs[-1]
+    def _submit(self, rnd: int, plan: RoundPlan, call: Call, results: list[list[Any]]) -> tuple[Any, Any]:
+        """Submit ``call``; its members' results refs go into ``results``. Returns the refs of the
+        memories it leaves and of its count."""
+        worker = self.pool.workers[call.worker]
+        if isinstance(call, JobsCall):  # first segments, each from its job's payload
+            payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))  # each once
+            specs = [(m.clients, payloads.index(plan.jobs[m.unit].payload)) for m in call.members]
+            refs = worker.run_jobs.options(num_returns=len(specs) + 2).remote(rnd, specs, *payloads)
+            for m, res in zip(call.members, refs[:-2], strict=True):
+                results[m.unit][m.segment] = res
+            return refs[-2], refs[-1]
+        m = call.member
+        if isinstance(call, BatchCall):
+            if call.pinned:  # the members' memories from their homes, before the batch
+                self._bring(call.worker, m.clients)
+            refs = worker.run_batch.options(num_returns=len(call.chains) + 2).remote(
+                rnd, list(call.chains), plan.jobs[m.unit].payload
+            )
+            results[m.unit][m.segment] = list(refs[:-2])
+            return refs[-2], refs[-1]
+        res, states, count = worker.run_chain.options(num_returns=3).remote(  # from the segment before
+            rnd, m.clients, plan.jobs[m.unit].payload, results[m.unit][m.segment - 1]
+        )
+        results[m.unit][m.segment] = res
+        return states, count
 
     def _bring(self, w: int, clients: Sequence[int]) -> None:
         """Worker ``w`` takes the latest memories of those of ``clients`` whose home is elsewhere
