@@ -1,7 +1,7 @@
 """The base class of every algorithm, with the hooks' defaults, and its registration.
 
 An algorithm is one registered class (``@register("fedavg")``) with a frozen ``Config`` dataclass and
-hooks on both sides (DESIGN.md, "Algorithm hooks"; the engine's view of them is
+hooks on both sides (docs/design.md, "Algorithm hooks"; the engine's view of them is
 :class:`raysim.hooks.AlgorithmHooks`):
 
 server side (run inside the server actor)

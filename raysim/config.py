@@ -148,7 +148,7 @@ class ExperimentConfig:
 
     @property
     def train_threads(self) -> int:
-        """Intra-op threads every executor trains a job with (part of the numbers, see DESIGN.md)."""
+        """Intra-op threads every executor trains a job with (part of the numbers, see docs/design.md)."""
         if self.train.threads is not None:
             return self.train.threads
         if self.ray.gpus_per_worker > 0:

@@ -1,7 +1,7 @@
 """What a client sees during one job: :class:`ClientContext`, the helpers an algorithm's client side
 uses, and the :class:`ClientWorkspace` of the worker that hosts the client.
 
-DESIGN.md, "Algorithm hooks": what a client keeps between rounds (a personal head, a control variate,
+docs/design.md, "Algorithm hooks": what a client keeps between rounds (a personal head, a control variate,
 a personal model) is read and written through helpers on the client context, never by reaching into
 the worker. The helpers:
 

@@ -1,6 +1,6 @@
 """What the engine asks of an algorithm: the hooks, as a typing protocol.
 
-The base class that implements them with their defaults is ``algorithms.base.Algorithm`` (DESIGN.md:
+The base class that implements them with their defaults is ``algorithms.base.Algorithm`` (docs/design.md:
 the engine never imports ``algorithms/``; it finds algorithm classes through
 :data:`raysim.registry.ALGORITHMS` and calls them through this protocol).
 

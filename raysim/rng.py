@@ -1,6 +1,6 @@
 """Seeded random streams keyed by what they are for.
 
-DESIGN.md: every random draw comes from (seed, round, client, purpose), never from a global generator
+docs/design.md: every random draw comes from (seed, round, client, purpose), never from a global generator
 or from scheduling order, so serial and Ray runs give the same numbers whatever the number of workers.
 """
 

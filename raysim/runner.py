@@ -1,4 +1,4 @@
-"""The round loop: the only loop over rounds in raysim (DESIGN.md, "The flow of one round").
+"""The round loop: the only loop over rounds in raysim (docs/design.md, "The flow of one round").
 
     sample clients (seeded) -> executor.train_round (plan on the server, jobs on the workers,
     aggregate on the server) -> every k rounds executor.evaluate -> callbacks

@@ -1,6 +1,6 @@
 """The server side: holds the algorithm's server state, plans jobs and aggregates results.
 
-DESIGN.md: the server actor holds the server state (global weights, global head, prototypes,
+docs/design.md: the server actor holds the server state (global weights, global head, prototypes,
 groupings) and does aggregation, global-head training and grouping, so the driver stays thin and
 nothing big crosses it. :class:`ServerHost` is that logic; the serial executor calls it in-process
 and the Ray executor wraps it in an actor.

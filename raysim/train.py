@@ -1,6 +1,6 @@
 """The one local-training loop every algorithm shares.
 
-DESIGN.md, "Algorithm hooks": local training takes small hooks (the loss of a batch, the parts that
+docs/design.md, "Algorithm hooks": local training takes small hooks (the loss of a batch, the parts that
 train, an ``after_backward`` step) instead of each algorithm writing its own loop. FedProx is then a
 loss term; FedRep is two calls with different parts; SCAFFOLD is an ``after_backward`` correction.
 """

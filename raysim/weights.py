@@ -1,6 +1,6 @@
 """Model weights on the wire: one flat, contiguous float32 array per model part (NumPy only).
 
-DESIGN.md: weights travel as flat contiguous arrays per model part, so the Ray object store holds one
+docs/design.md: weights travel as flat contiguous arrays per model part, so the Ray object store holds one
 buffer per part and workers read it zero-copy. A part's flat array is every floating tensor of its
 ``state_dict`` (parameters and buffers, e.g. BatchNorm statistics) in ``state_dict`` order; reading
 and writing them on a model is :mod:`raysim.models`' side (``get_weights``, ``set_weights``).

@@ -3,7 +3,7 @@
 Jobs go from the server's ``plan`` to the workers; client results come back to the server's
 ``aggregate``; the server context is what an algorithm's ``init`` sees. Plain frozen dataclasses of
 NumPy arrays and :class:`~raysim.weights.ModelWeights`: no PyTorch, no string-keyed dicts
-(DESIGN.md, "House style"). An algorithm's own payloads and uploads are its own frozen dataclasses,
+(docs/design.md, "House style"). An algorithm's own payloads and uploads are its own frozen dataclasses,
 carried in ``Job.payload`` and ``ClientResult.extra``.
 """
 

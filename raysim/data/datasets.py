@@ -3,7 +3,7 @@
 The real datasets are read from their own file formats (idx for Fashion-MNIST, the python pickles
 for CIFAR) with numpy, so loading needs torchvision only to download missing files. Images are kept
 as their raw uint8 ``(n, C, H, W)`` arrays with the per-channel mean and std, a quarter of the memory
-of float32, ready to go into Ray's object store once and be indexed by every client (DESIGN.md).
+of float32, ready to go into Ray's object store once and be indexed by every client (docs/design.md).
 :meth:`ArrayDataset.features` gathers a set of samples and normalises them then, per channel,
 ``(v / 255 - mean) / std`` as float32. The synthetic dataset is float32 features, used as they are.
 """

@@ -1,5 +1,5 @@
 """The serial executor: everything in this process, one server host and one client runtime for
-every client. It gives the numbers the Ray executor gives (DESIGN.md)."""
+every client. It gives the numbers the Ray executor gives (docs/design.md)."""
 
 from __future__ import annotations
 

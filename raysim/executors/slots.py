@@ -6,7 +6,7 @@ by side do more per second than one job on two threads (issue 16 measured 10-50 
 :class:`~raysim.client.ClientRuntime` s, each with its own model and the algorithm's client side, all
 sharing the clients' memories (one dict: a client's memory lives on its worker, whichever slot trains
 it). A round's jobs for this worker run in threads of their own, each on ``cfg.train_threads``
-intra-op threads, so a job's numbers are the ones it gives anywhere else (DESIGN.md: the thread
+intra-op threads, so a job's numbers are the ones it gives anywhere else (docs/design.md: the thread
 count is part of the numbers). Jobs that share a client run in the order given; the others start
 longest first as slots free up.
 

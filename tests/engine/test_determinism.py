@@ -1,4 +1,4 @@
-"""Serial and Ray executors give identical numbers (DESIGN.md: seeds keyed by round, client and
+"""Serial and Ray executors give identical numbers (docs/design.md: seeds keyed by round, client and
 purpose; the same thread count in every executor)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The shape of the dependencies (DESIGN.md): ``algorithms/`` depends on ``raysim/``, never the
+"""The shape of the dependencies (docs/design.md): ``algorithms/`` depends on ``raysim/``, never the
 reverse, and there is no import cycle between or inside the two packages. Read statically from the
 source: every import counts, also those inside functions and under ``TYPE_CHECKING``, since those
 are the ones that hide a cycle."""

@@ -1,5 +1,5 @@
 """The driver stays thin: importing the CLI, the runner, the executors' driver side and every
-registered algorithm, and reading every registry, loads no PyTorch (DESIGN.md: nothing big crosses or
+registered algorithm, and reading every registry, loads no PyTorch (docs/design.md: nothing big crosses or
 lives in the driver; PyTorch costs a process about 0.3 GB of private memory and 1.5 s)."""
 
 from __future__ import annotations
