@@ -76,7 +76,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from algorithms.base import Algorithm, register
 from algorithms.fedavg import train_global_parts
@@ -96,7 +96,6 @@ if TYPE_CHECKING:
     from raysim.models import SplitModel
 
 FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 values
-CHAIN_SAMPLING = ("global", "coordinators", "all", "regroup")
 
 
 @dataclass(frozen=True)
@@ -105,18 +104,18 @@ class Fed3p2Config:
     num_type_b: int = 5  # Type-B groups M (choice; the paper's A.2 varies it)
     phase1_rounds: int | None = None  # T1; None: the rounds less phase2_rounds, or half of them (choice)
     phase2_rounds: int | None = None  # T2; None: the rounds less T1
-    phase_switch: str = "fixed"  # fixed | auto (switch when the GM's validation accuracy stalls)
+    phase_switch: Literal["fixed", "auto"] = "fixed"  # fixed | auto (switch when the GM's validation accuracy stalls)
     switch_patience: int = 10  # auto: rounds without an improvement of switch_delta
     switch_delta: float = 0.001
     switch_smoothing: float = 0.8  # auto: beta of the moving average of the validation accuracy
     filter_shared: bool = True  # Table 2 ablation: False = no Type-B groups, personal filters
     coordinators: bool = True  # Table 2 ablation: False = FedAvg phase 1, local phase 2
     two_phase: bool = True  # Table 2 ablation: False = one phase, no coordinators
-    server_denominator: str = "round"  # Eq. 4's |D|: round = this round's data, all = all clients' data
-    chain_sampling: str = "global"  # who trains in a coordinator's chain: global | coordinators | all | regroup
+    server_denominator: Literal["round", "all"] = "round"  # Eq. 4's |D|: round = this round's data, all = all clients' data
+    chain_sampling: Literal["global", "coordinators", "all", "regroup"] = "global"  # who trains in a coordinator's chain: global | coordinators | all | regroup
     chain_epochs: int | None = None  # a client's local epochs inside a chain; None: E
     chain_steps: int | None = None  # or this many SGD steps instead (1: Eq. 9 read literally)
-    chain_momentum: str = "restart"  # restart: fresh per client | carry: along the chain
+    chain_momentum: Literal["restart", "carry"] = "restart"  # restart: fresh per client | carry: along the chain
 
 
 @dataclass(frozen=True)
@@ -235,12 +234,6 @@ class Fed3p2(Algorithm[Fed3p2State]):
             raise ConfigError(
                 f"Fed3+2p cannot have more Type-B groups ({params.num_type_b}) than clients ({cfg.clients})."
             )
-        if params.server_denominator not in ("round", "all"):
-            raise ConfigError(
-                f"Fed3+2p's server_denominator is 'round' or 'all', not {params.server_denominator!r}."
-            )
-        if params.phase_switch not in ("fixed", "auto"):
-            raise ConfigError(f"Fed3+2p's phase_switch is 'fixed' or 'auto', not {params.phase_switch!r}.")
         if params.phase_switch == "auto" and params.two_phase and cfg.data.val_fraction <= 0:
             raise ConfigError(
                 "Fed3+2p's automatic phase switch needs validation parts: set data.val_fraction (e.g. 0.1)."
@@ -263,12 +256,6 @@ class Fed3p2(Algorithm[Fed3p2State]):
             )
         if t2 is not None and params.phase_switch == "auto":
             raise ConfigError("Fed3+2p's automatic phase switch decides the phases; give no phase2_rounds.")
-        if params.chain_sampling not in CHAIN_SAMPLING:
-            raise ConfigError(
-                f"Fed3+2p's chain_sampling is one of {', '.join(CHAIN_SAMPLING)}, not {params.chain_sampling!r}."
-            )
-        if params.chain_momentum not in ("restart", "carry"):
-            raise ConfigError(f"Fed3+2p's chain_momentum is 'restart' or 'carry', not {params.chain_momentum!r}.")
         if params.chain_steps is not None and params.chain_epochs is not None:
             raise ConfigError("Fed3+2p's chain update is chain_epochs or chain_steps, not both.")
         if (params.chain_steps is not None and params.chain_steps < 1) or (

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class FedDrPlusConfig:
     beta: float = 0.9
-    ft_loss: str = "dr"  # dr | drplus (FedDr+ FT's loss; its epochs and rate: algo.ft_epochs, algo.ft_lr)
+    ft_loss: Literal["dr", "drplus"] = "dr"  # dr | drplus (FedDr+ FT's loss; its epochs and rate: algo.ft_epochs, algo.ft_lr)
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,6 @@ class FedDrPlus(FrozenHead):
     def check(cls, cfg: Any, params: FedDrPlusConfig) -> None:
         if not 0.0 <= params.beta <= 1.0:
             raise ConfigError(f"FedDr+'s beta must be in [0, 1], not {params.beta}.")
-        if params.ft_loss not in ("dr", "drplus"):
-            raise ConfigError(f"FedDr+'s ft_loss is 'dr' or 'drplus', not {params.ft_loss!r}.")
         check_etf_fits(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)
 
     # ---------------------------------------------------------------------------------------- server

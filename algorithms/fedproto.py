@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -37,13 +37,11 @@ OWN_PARTS = (*BODY, "head")
 @dataclass(frozen=True)
 class FedProtoConfig:
     lam: float = 1.0  # lambda of the prototype term (``algo.lambda``)
-    predict: str = "proto"  # proto: nearest global prototype | head: the client's own head
+    predict: Literal["proto", "head"] = "proto"  # proto: nearest global prototype | head: the client's own head
 
     def __post_init__(self) -> None:
         if self.lam < 0:
             raise ConfigError(f"FedProto's lambda must be >= 0, not {self.lam}.")
-        if self.predict not in ("proto", "head"):
-            raise ConfigError(f"FedProto's predict is 'proto' or 'head', not {self.predict!r}.")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from algorithms.base import register
 from algorithms.fedavg import AveragedWeights
@@ -44,14 +44,12 @@ Batch = tuple["torch.Tensor", "torch.Tensor"]
 @dataclass(frozen=True)
 class PerFedAvgConfig:
     alpha: float = 0.01  # the inner (adaptation) step
-    variant: str = "fo"  # fo | hf
+    variant: Literal["fo", "hf"] = "fo"
     delta: float = 0.001  # hf: the finite difference's step
 
     def __post_init__(self) -> None:
         if self.alpha <= 0 or self.delta <= 0:
             raise ConfigError("Per-FedAvg's alpha and delta must be positive.")
-        if self.variant not in ("fo", "hf"):
-            raise ConfigError(f"Per-FedAvg's variant is 'fo' or 'hf', not {self.variant!r}.")
 
 
 def gradient(model: SplitModel, params: Sequence[torch.Tensor], batch: Batch) -> tuple[float, list[torch.Tensor]]:

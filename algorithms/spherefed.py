@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SphereFedConfig:
-    loss: str = "mse"  # mse | ce: the local loss on W z (the paper's text was not available)
+    loss: Literal["mse", "ce"] = "mse"  # the local loss on W z (the paper's text was not available)
     calibrate: bool = True  # the closed-form classifier calibration after the last round
     calib_ridge: float = 1e-3  # lambda = calib_ridge * trace(V) / d
 
@@ -155,8 +155,6 @@ class SphereFed(FrozenHead):
 
     @classmethod
     def check(cls, cfg: Any, params: SphereFedConfig) -> None:
-        if params.loss not in ("mse", "ce"):
-            raise ConfigError(f"SphereFed's loss is 'mse' or 'ce', not {params.loss!r}.")
         if params.calib_ridge < 0:
             raise ConfigError(f"SphereFed's calib_ridge must be >= 0, not {params.calib_ridge}.")
         check_rows_fit(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)

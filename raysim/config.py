@@ -17,11 +17,39 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomllib
 
 from raysim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A number setting's allowed range, declared where the setting is defined (:func:`setting`)
+    and enforced by one checker whenever a config is built (:func:`from_dict`)."""
+
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+
+    def check(self, value: Any, where: str) -> None:
+        if value is None:  # an optional setting left to its default
+            return
+        if self.at_least is not None and value < self.at_least:
+            raise ConfigError(f"{where} must be at least {self.at_least:g}, not {value!r}.")
+        if self.above is not None and value <= self.above:
+            raise ConfigError(f"{where} must be above {self.above:g}, not {value!r}.")
+        if self.at_most is not None and value > self.at_most:
+            raise ConfigError(f"{where} must be at most {self.at_most:g}, not {value!r}.")
+
+
+def setting(
+    default: Any, *, at_least: float | None = None, above: float | None = None, at_most: float | None = None
+) -> Any:
+    """A dataclass field with its allowed range: ``batch_size: int = setting(40, at_least=1)``.
+    (Allowed words are declared with the type: ``Literal["fo", "hf"]``.)"""
+    return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most)})
 
 
 @dataclass(frozen=True)
@@ -53,7 +81,7 @@ class DataConfig:
     #: pathological: which classes a client holds. shuffled: consecutive classes of a seeded class
     #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
     #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
-    class_order: str = "shuffled"
+    class_order: Literal["shuffled", "sequential"] = "shuffled"
     #: hold out this fraction of each client's training data as its validation part (never trained
     #: on), for model selection such as Fed3+2p's automatic phase switch
     val_fraction: float = 0.0
@@ -64,21 +92,21 @@ class DataConfig:
 class TrainConfig:
     """Local training: SGD and the learning-rate schedule (ALGORITHMS.md, "Training defaults")."""
 
-    local_epochs: int = 5
-    batch_size: int = 40
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 1e-5
-    lr_decay: float = 0.99  # multiply the learning rate by this every round (Fed3+2p)
+    local_epochs: int = setting(5, at_least=0)
+    batch_size: int = setting(40, at_least=1)
+    lr: float = setting(0.01, above=0)
+    momentum: float = setting(0.9, at_least=0)
+    weight_decay: float = setting(1e-5, at_least=0)
+    lr_decay: float = setting(0.99, above=0, at_most=1)  # multiply the learning rate by this every round (Fed3+2p)
     lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
     lr_gamma: float = 0.1
     #: intra-op threads of a training job; None: 1 on a CPU worker (which then trains
     #: ``cpus_per_worker`` jobs at once, see ``ray.jobs_per_worker``), ``cpus_per_worker`` (at least 1)
     #: on a GPU worker
-    threads: int | None = None
+    threads: int | None = setting(None, at_least=1)
     #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
     #: where the algorithm and the model allow it; 1: one by one
-    batch_clients: int = 1
+    batch_clients: int = setting(1, at_least=1)
     #: leave out each epoch's last, partial mini-batch (PyTorch's ``DataLoader(drop_last=True)``):
     #: a client then trains on full batches only, and one with fewer samples than a batch not at all
     drop_last: bool = False
@@ -86,10 +114,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 1  # evaluate every k rounds (and always after the last); 0: only after the last
-    batch_size: int = 500
+    every: int = setting(1, at_least=0)  # evaluate every k rounds (and always after the last); 0: only after the last
+    batch_size: int = setting(500, at_least=1)
     #: summary.json's "last": the mean of each metric over its last k evaluations
-    last_k: int = 5
+    last_k: int = setting(5, at_least=1)
     #: FedDr+'s analyses (raysim.analysis): per-class accuracy, observed/unobserved-class accuracy,
     #: feature-classifier alignment and feature norm, of the global and the local models
     analyses: bool = False
@@ -99,21 +127,21 @@ class EvalConfig:
 class RayConfig:
     executor: str = "ray"  # a name in raysim.registry.EXECUTORS
     address: str | None = None  # join this cluster; None: RAY_ADDRESS, else start Ray locally
-    workers: int | None = None  # client-worker actors; None: as many as the resources allow
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
+    workers: int | None = setting(None, at_least=1)  # client-worker actors; None: as many as the resources allow
+    cpus_per_worker: float = setting(1.0, at_least=0)
+    gpus_per_worker: float = setting(0.0, at_least=0)
     #: jobs a client worker trains at once, each in a thread of its own on ``train.threads`` intra-op
     #: threads (independent jobs only: two jobs of one client run in order); None: a CPU worker
     #: ``floor(cpus_per_worker / threads)`` (at least 1), a GPU worker 1. Small convolutions scale
     #: poorly over intra-op threads, so two one-thread jobs beat one two-thread job (issue 16)
-    jobs_per_worker: int | None = None
-    object_store_mb: int | None = None  # local Ray only
+    jobs_per_worker: int | None = setting(None, at_least=1)
+    object_store_mb: int | None = setting(None, at_least=1)  # local Ray only
     #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
     #: state restored and the lost jobs retried, at most this many times in a run
-    max_worker_restarts: int = 10
+    max_worker_restarts: int = setting(10, at_least=0)
     #: how long a replacement worker may wait for a place in the cluster (e.g. for an autoscaler to
     #: add a node) before the run ends with a checkpoint
-    replace_timeout_s: float = 300.0
+    replace_timeout_s: float = setting(300.0, at_least=0)
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,7 @@ class OutputConfig:
     tensorboard: bool = True
     progress: bool = True
     #: write RUN_DIR/checkpoint.pkl every k rounds (0: only when stopped by Ctrl-C or a failure)
-    checkpoint_every: int = 10
+    checkpoint_every: int = setting(10, at_least=0)
 
 
 @dataclass(frozen=True)
@@ -178,6 +206,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Turn ``value`` (from YAML/TOML/the command line) into the annotated type ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is typing.Literal:
+        for allowed in args:
+            if value == allowed or (isinstance(value, str) and not isinstance(allowed, str) and value == str(allowed)):
+                return allowed
+        words = [repr(a) for a in args]
+        choice = " or ".join(words) if len(words) == 2 else "one of " + ", ".join(words)
+        raise ConfigError(f"{_name(where)} is {choice}, not {value!r}.")
     if origin in (typing.Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             if type(None) in args:
@@ -242,7 +277,16 @@ def from_dict(cls: type, data: Mapping[str, Any], where: str = "config") -> Any:
     if unknown:
         raise ConfigError(f"Unknown setting {where}.{unknown[0]} (known: {', '.join(sorted(known))}).")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    for f in fields(cls):
+        bounds = f.metadata.get("bounds")
+        if bounds is not None and f.name in kwargs:
+            bounds.check(kwargs[f.name], _name(f"{where}.{f.name}"))
     return cls(**kwargs)
+
+
+def _name(where: str) -> str:
+    """A setting's dotted name as the user writes it (``train.lr``, not ``config.train.lr``)."""
+    return where.removeprefix("config.")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

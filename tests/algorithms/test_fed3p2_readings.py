@@ -208,7 +208,7 @@ def test_phases_that_do_not_add_up_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"phases \(6 \+ 3 rounds\) must add up to the rounds \(6\); run 9"):
         validate(cfg)
     for bad, match in (
-        ({"algo.chain_sampling": "some"}, "chain_sampling is one of global, coordinators, all, regroup"),
+        ({"algo.chain_sampling": "some"}, "chain_sampling is one of 'global', 'coordinators', 'all', 'regroup'"),
         ({"algo.chain_momentum": "keep"}, "chain_momentum is 'restart' or 'carry'"),
         ({"algo.chain_steps": 1, "algo.chain_epochs": 2}, "chain_epochs or chain_steps, not both"),
         ({"algo.chain_steps": 0}, "chain_steps must be at least 1"),

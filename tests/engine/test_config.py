@@ -111,3 +111,37 @@ def test_a_dataset_brings_a_model_that_fits_and_fedpac_takes_1000_emnist_samples
     emnist = resolve_config({"algo": "fedpac", "data": {"dataset": "emnist"}})
     assert (emnist.data.samples_per_client, emnist.model, emnist.data.partition) == (1000, "cnn_pac", "dominant:20")
     assert resolve_config({"algo": "fedpac", "data": {"dataset": "fmnist"}}).data.samples_per_client == 600
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "sentence"),
+    [
+        ("train.batch_size", 0, "train.batch_size must be at least 1, not 0."),
+        ("train.lr", 0, "train.lr must be above 0, not 0.0."),
+        ("train.lr_decay", 1.5, "train.lr_decay must be at most 1, not 1.5."),
+        ("ray.jobs_per_worker", 0, "ray.jobs_per_worker must be at least 1, not 0."),
+        ("output.checkpoint_every", -1, "output.checkpoint_every must be at least 0, not -1."),
+        ("data.class_order", "random", "data.class_order is 'shuffled' or 'sequential', not 'random'."),
+        ("algo.variant", "so", "algo.variant is 'fo' or 'hf', not 'so'."),
+    ],
+)
+def test_declared_ranges_and_words_are_enforced_by_one_checker(key, value, sentence):
+    """Issue 26: a setting's allowed values are declared where it is defined (``setting(...,
+    at_least=1)``, ``Literal[...]``) and checked as the config is built, in one sentence."""
+    algo = {"algo": "perfedavg"} if key.startswith("algo.") else {}
+    with pytest.raises(ConfigError) as info:
+        validate(replace(ExperimentConfig(), **algo, **{key: value}))
+    assert str(info.value) == sentence
+    assert replace(ExperimentConfig(), **{"train.threads": None}).train.threads is None  # optional: unset
+
+
+def test_no_setting_is_checked_against_a_list_of_words_by_hand():
+    """Allowed words are a Literal type on the setting, not ``if x not in ("a", "b")`` in a check."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    by_hand = re.compile(r"\bnot in \(\s*\"")
+    places = [*sorted((root / "algorithms").glob("*.py")), root / "raysim" / "experiment.py"]
+    found = [f"{p.name}:{i}" for p in places for i, line in enumerate(p.read_text().splitlines(), 1) if by_hand.search(line)]
+    assert found == []

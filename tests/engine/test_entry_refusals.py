@@ -134,7 +134,7 @@ LR_RANGE = ["--set", "train.lr=loguniform(0.001,0.1)"]
         ([*SEARCH, "--set", "rounds=randint(1.5,4)", "--search", "random"], "takes whole numbers, not '1.5'"),
         ([*SEARCH, "--set", "rounds=qrandint(1,4,0)", "--search", "random"], "needs a step q above 0"),
         ([*SEARCH, "--set", "train.lr=choice()", "--search", "random"], "chooses from nothing"),
-        ([*SEARCH, "--set", "train.lr=uniform(-0.5,0.1)", "--search", "random"], "learning rate"),
+        ([*SEARCH, "--set", "train.lr=uniform(-0.5,0.1)", "--search", "random"], "train.lr must be above 0, not -0.5"),
         ([*SEARCH, "--set", "train.lr=loguniform(0.001,0.1)"], "name a search with --search"),
         ([*SEARCH, "--search", "random"], "--search needs a range"),
         # the concurrency, seeds, a trial's own settings and the flags
