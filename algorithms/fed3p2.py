@@ -79,7 +79,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from algorithms.base import Algorithm, register
-from algorithms.fedavg import train_global_parts
 from raysim import rng
 from raysim.aggregate import apply_updates, average_uploads, subtract, weighted_mean
 from raysim.config import ExperimentConfig
@@ -94,6 +93,7 @@ if TYPE_CHECKING:
 
     from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.train import LossFn, TrainStats
 
 FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 values
 
@@ -169,6 +169,31 @@ class Fed3p2Eval:
     personal: bool  # whether local models exist yet (phase 2, or two_phase=false)
     group_of: tuple[int, ...] | None
     group_filters: tuple[ModelWeights | None, ...]
+
+
+@dataclass(frozen=True)
+class Update:
+    """One local update of Fed3+2p: the client loads ``start``, trains ``parts`` with ``loss``
+    (for E epochs, or ``epochs``, or ``steps`` SGD steps, from ``momentum``), keeps the trained
+    ``keep`` parts on its home worker and uploads the trained ``upload`` parts (and, with
+    ``carry_momentum``, its momentum buffers for the chain's next client)."""
+
+    start: ModelWeights
+    parts: tuple[str, ...]
+    loss: LossFn
+    keep: tuple[str, ...] = ()
+    upload: tuple[str, ...] = ()
+    epochs: int | None = None
+    steps: int | None = None
+    momentum: ModelWeights | None = None
+    carry_momentum: bool = False
+
+    def finish(self, ctx: ClientContext, stats: TrainStats, trained: ModelWeights) -> ClientResult:
+        """What the client keeps and sends after training ``trained`` (its ``parts``)."""
+        if self.keep:
+            ctx.keep(trained.select(self.keep))
+        carried = ctx.momentum_of(stats, self.parts) if self.carry_momentum else None
+        return ctx.result(stats, weights=trained.select(self.upload) if self.upload else None, extra=carried)
 
 
 @register("fed3p2")
@@ -427,89 +452,57 @@ class Fed3p2(Algorithm[Fed3p2State]):
             return ctx.kept(("filter",), fresh="fed3p2/filter/client")
         return payload_filter if payload_filter is not None else ctx.fresh("filter", f"fed3p2/filter/{group}")
 
-    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
-        from raysim.train import personal_cross_entropy
+    def update(self, ctx: ClientContext, payload: Any) -> Update:
+        """Each payload kind's local update, described once (:class:`Update`): one-by-one training
+        (:meth:`local_update`) and batched training (:meth:`batch_update`) both carry it out."""
+        from raysim.train import cross_entropy, personal_cross_entropy
 
+        p = self.params
         if isinstance(payload, WeightsPayload):  # phase 1 without coordinators: as FedAvg
-            return train_global_parts(ctx, payload)
-        if isinstance(payload, ChainPayload):  # phase 1, in a coordinator's chain
-            p = self.params
-            ctx.load(payload.weights)
-            stats = ctx.train(
-                GLOBAL_PARTS, payload.lr, epochs=p.chain_epochs, steps=p.chain_steps, momentum=payload.momentum
-            )
-            carried = ctx.momentum_of(stats, GLOBAL_PARTS) if p.chain_momentum == "carry" else None
-            return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS), extra=carried)
-        if isinstance(payload, JointPayload):
-            ctx.load(payload.weights.merged(self._phead(ctx)))
-            stats = ctx.train((*GLOBAL_PARTS, "phead"), payload.lr, loss_fn=_joint_loss)
-            ctx.keep(ctx.weights(("phead",)))
-            return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
-        assert isinstance(payload, Phase2Payload)
-        filt = self._filter(ctx, payload.filter, payload.group)
-        ctx.load(payload.frozen.merged(filt).merged(self._phead(ctx)))
-        stats = ctx.train(("filter", "phead"), payload.lr, loss_fn=personal_cross_entropy)
-        trained = ctx.weights(("filter",))
-        shared = payload.group >= 0
-        ctx.keep(ctx.weights(("phead",)) if shared else ctx.weights(("filter", "phead")))
-        return ctx.result(stats, weights=trained if shared else None)  # P-heads stay here
+            return Update(payload.weights, GLOBAL_PARTS, cross_entropy, upload=GLOBAL_PARTS)
+        if isinstance(payload, ChainPayload):  # phase 1, in a coordinator's chain, W^c from the one before
+            return Update(
+                payload.weights, GLOBAL_PARTS, cross_entropy, upload=GLOBAL_PARTS, epochs=p.chain_epochs,
+                steps=p.chain_steps, momentum=payload.momentum, carry_momentum=p.chain_momentum == "carry",
+            )  # fmt: skip
+        if isinstance(payload, JointPayload):  # two_phase=false: W(t) and the client's own P-head
+            start = payload.weights.merged(self._phead(ctx))
+            return Update(start, (*GLOBAL_PARTS, "phead"), _joint_loss, keep=("phead",), upload=GLOBAL_PARTS)
+        assert isinstance(payload, Phase2Payload)  # the filter and P-head on the frozen extractor and head
+        shared = payload.group >= 0  # the group's filter goes up; a personal one stays here
+        start = payload.frozen.merged(self._filter(ctx, payload.filter, payload.group)).merged(self._phead(ctx))
+        return Update(
+            start, ("filter", "phead"), personal_cross_entropy,
+            keep=("phead",) if shared else ("filter", "phead"), upload=("filter",) if shared else (),
+        )  # fmt: skip
+
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
+        u = self.update(ctx, payload)
+        ctx.load(u.start)
+        stats = ctx.train(u.parts, payload.lr, epochs=u.epochs, steps=u.steps, loss_fn=u.loss, momentum=u.momentum)
+        return u.finish(ctx, stats, ctx.weights(u.parts))
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
-        """Trained together: in phase 1 the round's clients from W(t) without coordinators, or the
-        k-th clients of several chains, each from its chain's W^c (and momentum when it carries);
-        in phase 2 one Type-B group's clients (or all, with personal filters), each from its
-        filter and P-head on the frozen extractor; with two_phase=false, each from W(t) and its
-        own P-head."""
+        """:meth:`local_update` for each of ``ctxs``, trained together where they carry out one
+        update from one payload, each from its own start: in phase 1 the round's clients from W(t)
+        without coordinators, or the k-th clients of several chains, each from its chain's W^c (and
+        momentum when it carries); in phase 2 one Type-B group's clients (or all, with personal
+        filters), each from its filter and P-head on the frozen extractor; with two_phase=false,
+        each from W(t) and its own P-head."""
         from raysim.context import ClientContext
-        from raysim.train import personal_cross_entropy
 
         first = payloads[0]
-        same = all(p is first for p in payloads)
-        if isinstance(first, Phase2Payload) and same:
-            starts = [self._filter(ctx, first.filter, first.group).merged(self._phead(ctx)) for ctx in ctxs]
-            ctxs[0].load(first.frozen.merged(starts[0]))
-            trained = ClientContext.train_together(
-                ctxs, ("filter", "phead"), first.lr, loss_fn=personal_cross_entropy, starts=starts
-            )
-            shared = first.group >= 0
-            out = []
-            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
-                ctx.keep(w.select(("phead",)) if shared else w)
-                out.append(ctx.result(stats, weights=w.select(("filter",)) if shared else None))
-            return out
-        if isinstance(first, JointPayload) and same:
-            starts = [first.weights.merged(self._phead(ctx)) for ctx in ctxs]
-            ctxs[0].load(starts[0])
-            trained = ClientContext.train_together(
-                ctxs, (*GLOBAL_PARTS, "phead"), first.lr, loss_fn=_joint_loss, starts=starts
-            )
-            out = []
-            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
-                ctx.keep(w.select(("phead",)))
-                out.append(ctx.result(stats, weights=w.select(GLOBAL_PARTS)))
-            return out
-        if isinstance(first, WeightsPayload) and same:
-            ctxs[0].load(first.weights)
-            trained = ClientContext.train_together(ctxs, GLOBAL_PARTS, first.lr)
-            return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
-        if all(isinstance(p, ChainPayload) and p.lr == first.lr for p in payloads):
-            p = self.params
-            ctxs[0].load(first.weights)
-            trained = ClientContext.train_together(
-                ctxs,
-                GLOBAL_PARTS,
-                first.lr,
-                epochs=p.chain_epochs,
-                steps=p.chain_steps,
-                starts=[q.weights for q in payloads],
-                momenta=[q.momentum for q in payloads],
-            )
-            out = []
-            for ctx, (stats, w) in zip(ctxs, trained, strict=True):
-                carried = ctx.momentum_of(stats, GLOBAL_PARTS) if p.chain_momentum == "carry" else None
-                out.append(ctx.result(stats, weights=w, extra=carried))
-            return out
-        return [self.local_update(c, q) for c, q in zip(ctxs, payloads, strict=True)]
+        chains = all(isinstance(q, ChainPayload) and q.lr == first.lr for q in payloads)
+        if not chains and any(q is not first for q in payloads):
+            return [self.local_update(c, q) for c, q in zip(ctxs, payloads, strict=True)]
+        updates = [self.update(ctx, q) for ctx, q in zip(ctxs, payloads, strict=True)]
+        u = updates[0]
+        ctxs[0].load(u.start)
+        trained = ClientContext.train_together(
+            ctxs, u.parts, first.lr, loss_fn=u.loss, epochs=u.epochs, steps=u.steps,
+            starts=[v.start for v in updates], momenta=[v.momentum for v in updates],
+        )  # fmt: skip
+        return [v.finish(ctx, stats, w) for v, ctx, (stats, w) in zip(updates, ctxs, trained, strict=True)]
 
     def global_model(self, model: SplitModel, eval_payload: Fed3p2Eval) -> SplitModel | None:
         return super().global_model(model, eval_payload.gm)

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
-from algorithms.personal import BatchPass, SharedAndPersonal
+from algorithms.personal import Pass, SharedAndPersonal
 from raysim.errors import ConfigError
 from raysim.weights import BODY
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
-    from raysim.train import TrainStats
+    pass
 
 
 class SharedBody(SharedAndPersonal):
@@ -37,15 +36,11 @@ class SharedBody(SharedAndPersonal):
 
 @register("fedper")
 class FedPer(SharedBody):
-    batchable = True  # train.batch_clients: one pass of body and head, cross-entropy
-
-    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        return ctx.train((*BODY, "head"), lr)
-
-    def batch_plan(self) -> list[BatchPass]:
+    def passes(self) -> list[Pass]:
+        """One pass of body and head, cross-entropy."""
         from raysim.train import cross_entropy
 
-        return [BatchPass((*BODY, "head"), cross_entropy)]
+        return [Pass((*BODY, "head"), cross_entropy)]
 
 
 @dataclass(frozen=True)
@@ -56,9 +51,6 @@ class FedRepConfig:
 
 @register("fedrep")
 class FedRep(SharedBody):
-    #: train.batch_clients: the head pass (the body the received one) then the body pass (each
-    #: client's head its own, frozen)
-    batchable = True
     Config = FedRepConfig
 
     @classmethod
@@ -66,16 +58,12 @@ class FedRep(SharedBody):
         if params.head_epochs < 0 or params.body_epochs < 0:
             raise ConfigError("FedRep's head_epochs and body_epochs must be >= 0.")
 
-    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        p = self.params
-        ctx.train(("head",), lr, epochs=p.head_epochs)  # the body frozen
-        return ctx.train(BODY, lr, epochs=p.body_epochs)  # the head frozen
-
-    def batch_plan(self) -> list[BatchPass]:
+    def passes(self) -> list[Pass]:
+        """The head (the body frozen, the received one), then the body (the client's head frozen)."""
         from raysim.train import cross_entropy
 
         p = self.params
-        return [BatchPass(("head",), cross_entropy, p.head_epochs), BatchPass(BODY, cross_entropy, p.body_epochs)]
+        return [Pass(("head",), cross_entropy, p.head_epochs), Pass(BODY, cross_entropy, p.body_epochs)]
 
 
 __all__ = ["FedPer", "FedRep", "FedRepConfig", "SharedBody"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
-from algorithms.personal import BatchPass, SharedAndPersonal
+from algorithms.personal import Pass, SharedAndPersonal
 from raysim.weights import GLOBAL_PARTS
 
 if TYPE_CHECKING:
@@ -23,29 +23,19 @@ if TYPE_CHECKING:
 
     from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import TrainStats
 
 
 @register("fedrod")
 class FedRoD(SharedAndPersonal):
     """The shared state: body and generic head."""
 
-    #: train.batch_clients: one pass, each client's log-prior a further input of the loss
-    batchable = True
     has_global_model = True
     shared_parts = GLOBAL_PARTS
     personal_parts = ("phead",)
 
-    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        (log_prior,) = log_prior_of(ctx)
-
-        def loss_fn(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return rod_loss(model, x, y, log_prior)
-
-        return ctx.train((*GLOBAL_PARTS, "phead"), lr, loss_fn=loss_fn)
-
-    def batch_plan(self) -> list[BatchPass]:
-        return [BatchPass((*GLOBAL_PARTS, "phead"), rod_loss, inputs=log_prior_of)]
+    def passes(self) -> list[Pass]:
+        """One pass of everything, each client's log-prior a further input of its loss."""
+        return [Pass((*GLOBAL_PARTS, "phead"), rod_loss, inputs=log_prior_of)]
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         from raysim.features import fused_forward

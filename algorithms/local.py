@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from algorithms.base import register
 from algorithms.feddrplus import check_etf_fits, dr_loss, etf_classifier
-from algorithms.personal import BatchPass, SharedAndPersonal
+from algorithms.personal import Pass, SharedAndPersonal
 from raysim import rng
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, dataset_info
@@ -26,7 +26,6 @@ from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
-    from raysim.train import LossFn, TrainStats
 
 LOSSES = ("ce", "ce_etf", "dr")
 
@@ -43,7 +42,6 @@ class LocalConfig:
 @register("local")
 class Local(SharedAndPersonal):
     Config = LocalConfig
-    batchable = True  # train.batch_clients: each client from its own model, one pass
     has_global_model = False
     shared_parts = ()
     personal_parts = GLOBAL_PARTS
@@ -76,24 +74,16 @@ class Local(SharedAndPersonal):
         kept = super().own_parts(ctx)
         return kept if self.params.loss == "ce" else kept.merged(self.etf_head(ctx))
 
-    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        parts, loss = self.pass_()
-        return ctx.train(parts, lr, loss_fn=loss)
-
-    def pass_(self) -> tuple[tuple[str, ...], LossFn]:
-        """ce: the whole model; ce_etf: the body, cross-entropy on the frozen ETF's logits; dr: the
-        body, dot-regression."""
+    def passes(self) -> list[Pass]:
+        """One pass of the configured epochs. ce: the whole model; ce_etf: the body, cross-entropy
+        on the frozen ETF's logits; dr: the body, dot-regression."""
         from raysim.train import cross_entropy
 
         if self.params.loss == "ce":
-            return GLOBAL_PARTS, cross_entropy
+            return [Pass(GLOBAL_PARTS, cross_entropy)]
         if self.params.loss == "ce_etf":
-            return BODY, cross_entropy
-        return BODY, dr_loss(1.0, None)
-
-    def batch_plan(self) -> list[BatchPass]:
-        """One pass (:meth:`pass_`) of the configured epochs."""
-        return [BatchPass(*self.pass_())]
+            return [Pass(BODY, cross_entropy)]
+        return [Pass(BODY, dr_loss(1.0, None))]
 
 
 __all__ = ["Local", "LocalConfig"]

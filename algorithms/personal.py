@@ -21,37 +21,52 @@ if TYPE_CHECKING:
     from raysim.train import TrainStats
 
 
-class BatchPass(NamedTuple):
-    """One pass of a local update trained batched: ``parts`` train with ``loss`` for ``epochs``
-    (None: the configured local epochs); ``inputs(ctx)``, when given, is the client's own further
-    arguments of the loss, ``loss(model, x, y, *inputs(ctx))``."""
+class Pass(NamedTuple):
+    """One pass of a local update: ``parts`` train with ``loss`` for ``epochs`` (None: the
+    configured local epochs); ``inputs(ctx)``, when given, is the client's own further arguments of
+    the loss, ``loss(model, x, y, *inputs(ctx))``."""
 
     parts: tuple[str, ...]
     loss: Callable[..., Any]
     epochs: int | None = None
     inputs: Callable[[ClientContext], tuple[Any, ...]] | None = None
 
+    def loss_of(self, ctx: ClientContext) -> Callable[..., Any]:
+        """The loss of a batch for client ``ctx`` (its own inputs bound)."""
+        if self.inputs is None:
+            return self.loss
+        own, loss = self.inputs(ctx), self.loss
+        return lambda model, x, y: loss(model, x, y, *own)
+
 
 class SharedAndPersonal(AveragedWeights):
     """A sampled client loads the received ``shared_parts`` and its own ``personal_parts`` (the
-    initial model's before it first trains), trains (:meth:`train`), keeps its personal parts and
-    uploads the shared ones. Its personalised model is the current shared parts with its own."""
-    unbatchable = "its local training is not a fixed sequence of passes with one loss for every client."
-    #: train.batch_clients: a subclass whose :meth:`batch_plan` gives its passes sets both
+    initial model's before it first trains), trains, keeps its personal parts and uploads the shared
+    ones. Its personalised model is the current shared parts with its own.
+
+    A subclass describes its local training once, as its :meth:`passes`; one-by-one training
+    (:meth:`train`) and batched training (:meth:`batch_update`) both read that description, so the
+    two cannot drift apart."""
+
+    batchable = True  # train.batch_clients: its passes, each client from its own personal parts
     batches_pinned = True
 
     personal_parts: ClassVar[tuple[str, ...]] = ("head",)
     has_personal_model = True
     pinned = True  # the personal parts live on the client's home worker
 
-    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
-        """The local update's training of the loaded model."""
+    def passes(self) -> Sequence[Pass]:
+        """The local update's training of the loaded model, pass after pass, the same for every
+        client; the local update's stats are the last pass's."""
         raise NotImplementedError
 
-    def batch_plan(self) -> Sequence[BatchPass]:
-        """The passes of :meth:`train` (a ``batchable`` subclass's), the same for every client; the
-        local update's stats are the last pass's."""
-        raise NotImplementedError
+    def train(self, ctx: ClientContext, lr: float) -> TrainStats:
+        """One client's local training: each of :meth:`passes` in turn."""
+        stats = None
+        for step in self.passes():
+            stats = ctx.train(step.parts, lr, epochs=step.epochs, loss_fn=step.loss_of(ctx))
+        assert stats is not None, "a local update has at least one pass"
+        return stats
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, trained together pass by pass, each client
@@ -65,7 +80,7 @@ class SharedAndPersonal(AveragedWeights):
             return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
         models = [payload.weights.merged(self.own_parts(ctx)) for ctx in ctxs]
         trained: list[tuple[TrainStats, ModelWeights]] = []
-        for step in self.batch_plan():
+        for step in self.passes():
             ctxs[0].load(models[0])  # what is not trained and the same for every client
             held = [
                 p
@@ -105,4 +120,4 @@ class SharedAndPersonal(AveragedWeights):
         return ctx.model
 
 
-__all__ = ["BatchPass", "SharedAndPersonal"]
+__all__ = ["Pass", "SharedAndPersonal"]
