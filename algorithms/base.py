@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from raysim.config import ExperimentConfig
+from raysim.executors.batching import NO_BATCHING, Batching
 from raysim.hooks import engine_settings
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.weights import GLOBAL_PARTS, ModelWeights
@@ -75,15 +76,8 @@ class Algorithm(Generic[StateT]):
     #: ``algo.reg_tau`` 3 for kd and ntd); the algorithm wraps its loss with :meth:`regularized`
     regularizable: ClassVar[bool] = False
     #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
-    #: (:meth:`batch_update`, :mod:`raysim.batched`); else the sentence that says why not
-    batchable: ClassVar[bool] = False
-    #: whether jobs pinned to home workers are batched too (their clients' memories then move to
-    #: the batch's worker and back); else they train one by one on their homes
-    batches_pinned: ClassVar[bool] = False
-    unbatchable: ClassVar[str] = (
-        "its local update is not one pass of supervised training from the received model with a "
-        "loss the same for every client."
-    )
+    #: (:meth:`batch_update`, :mod:`raysim.batched`), or the sentence that says why not
+    batching: ClassVar[Batching] = NO_BATCHING
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -210,7 +204,7 @@ class Algorithm(Generic[StateT]):
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
         """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together
-        (a ``batchable`` algorithm's, with :meth:`raysim.context.ClientContext.train_together`).
+        (an algorithm with ``batching``'s, with :meth:`raysim.context.ClientContext.train_together`).
         The payloads are one object for a round's single-client jobs; in chains, the k-th
         clients' payloads follow from their chains' previous clients (:meth:`continue_chain`)."""
         raise NotImplementedError(f"{self.name} does not train clients batched")

@@ -25,6 +25,7 @@ from algorithms.base import Algorithm
 from algorithms.fedavg import train_global_parts
 from raysim.aggregate import weighted_mean
 from raysim.clustering import Clusters, agglomerative, assignment, describe
+from raysim.executors.batching import Batching
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -52,8 +53,8 @@ class ClusterEval:
 
 class ClusteredFL(Algorithm[ClusterState]):
     """A model per cluster, FedAvg inside each; subclasses form the clusters."""
-    unbatchable = (
-        "its clients start from their own cluster's model, so a round's clients do not share one "
+    batching = Batching(
+        why_not="its clients start from their own cluster's model, so a round's clients do not share one "
         "payload."
     )
 

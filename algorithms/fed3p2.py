@@ -83,6 +83,7 @@ from raysim import rng
 from raysim.aggregate import apply_updates, average_uploads, subtract, weighted_mean
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.grouping import Grouping, group_kl, type_a_grouping, type_b_grouping
 from raysim.registry import DatasetInfo
 from raysim.weights import GLOBAL_PARTS, ModelWeights
@@ -202,8 +203,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
     #: step (and phase 1 without coordinators as FedAvg); phase 2's clients of one Type-B group (or
     #: all, with personal filters) train their filters and P-heads together, each from its own
     #: (two_phase=false likewise); these jobs are pinned, and a batch runs on one home worker
-    batchable = True
-    batches_pinned = True
+    batching = Batching(pinned=True)
     Config = Fed3p2Config
     has_personal_model = True
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import Algorithm, register
 from raysim.aggregate import average_uploads
+from raysim.executors.batching import Batching
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -65,7 +66,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 class FedAvg(AveragedWeights):
     fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
     regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
-    batchable = True  # train.batch_clients (and FedProx, FedNTD, FedExP): the loss is the payload's
+    batching = Batching()  # (and FedProx, FedNTD, FedExP): every client's loss is the payload's
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx

@@ -30,6 +30,7 @@ from algorithms.base import Algorithm, register
 from raysim import rng
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -131,7 +132,7 @@ class FrozenHead(Algorithm[GlobalEval]):
     fine_tunes = True
     ft_default_epochs: ClassVar[int | None] = None  # the local epochs E
     regularizable = True  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
-    batchable = True  # train.batch_clients: every client's loss is the payload's
+    batching = Batching()  # every client's loss is the payload's
     ft_parts: ClassVar[tuple[str, ...]] = BODY
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:

@@ -23,6 +23,7 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from raysim.aggregate import apply_updates, subtract, weighted_mean
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -50,8 +51,8 @@ class DynState:
 
 @register("feddyn")
 class FedDyn(Algorithm[DynState]):
-    unbatchable = (
-        "its loss has each client's own linear term, kept on its home worker."
+    batching = Batching(
+        why_not="its loss has each client's own linear term, kept on its home worker."
     )
     Config = FedDynConfig
     fine_tunes = True  # "-FT" with algo.ft_epochs

@@ -45,6 +45,7 @@ from algorithms.feddrplus import drplus_setup, etf_classifier
 from raysim import rng
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.registry import DatasetInfo
 from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -107,8 +108,8 @@ def class_counts(ctx: ClientContext) -> torch.Tensor:
 
 @register("fedetf")
 class FedETF(Algorithm[ETFState]):
-    unbatchable = (
-        "its learnable temperature is a parameter outside the model, which one batched step does not stack per client."
+    batching = Batching(
+        why_not="its learnable temperature is a parameter outside the model, which one batched step does not stack per client."
     )
     Config = FedETFConfig
     has_global_model = True

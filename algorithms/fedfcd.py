@@ -38,6 +38,7 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from raysim import rng
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, train_head_on_class_means, weighted_means
 from raysim.registry import DatasetInfo
 from raysim.weights import BODY, ModelWeights
@@ -83,8 +84,8 @@ class FCDState:
 
 @register("fedfcd")
 class FedFCD(Algorithm[FCDState]):
-    unbatchable = (
-        "its clients keep personal extractors and heads and align to prototypes of their own classes."
+    batching = Batching(
+        why_not="its clients keep personal extractors and heads and align to prototypes of their own classes."
     )
     Config = FedFCDConfig
     has_global_model = False

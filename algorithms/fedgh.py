@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from algorithms.base import Algorithm, register
 from raysim import rng
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, train_head_on_class_means
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -52,8 +53,8 @@ class GHState:
 
 @register("fedgh")
 class FedGH(Algorithm[GHState]):
-    unbatchable = (
-        "its clients keep personal bodies on their home workers."
+    batching = Batching(
+        why_not="its clients keep personal bodies on their home workers."
     )
     Config = FedGHConfig
     has_global_model = False

@@ -40,6 +40,7 @@ from algorithms.base import Algorithm, register
 from raysim.aggregate import weighted_mean
 from raysim.collaboration import combination_weights
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, weighted_means
 from raysim.registry import DatasetInfo
 from raysim.weights import BODY, ModelWeights
@@ -104,8 +105,8 @@ class PACEval:
 
 @register("fedpac")
 class FedPAC(Algorithm[PACState]):
-    unbatchable = (
-        "its clients keep personal heads and align features to centroids of their own classes."
+    batching = Batching(
+        why_not="its clients keep personal heads and align features to centroids of their own classes."
     )
     Config = FedPACConfig
     has_global_model = False

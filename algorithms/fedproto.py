@@ -21,6 +21,7 @@ import numpy as np
 
 from algorithms.base import Algorithm, register
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, plain_means
 from raysim.weights import BODY
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -60,8 +61,8 @@ class ProtoState:
 
 @register("fedproto")
 class FedProto(Algorithm[ProtoState]):
-    unbatchable = (
-        "its clients keep personal models and align to prototypes of their own classes."
+    batching = Batching(
+        why_not="its clients keep personal models and align to prototypes of their own classes."
     )
     Config = FedProtoConfig
     has_global_model = False

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import numpy as np
 
 from algorithms.fedavg import AveragedWeights
+from raysim.executors.batching import Batching
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
 
@@ -48,8 +49,7 @@ class SharedAndPersonal(AveragedWeights):
     (:meth:`train`) and batched training (:meth:`batch_update`) both read that description, so the
     two cannot drift apart."""
 
-    batchable = True  # train.batch_clients: its passes, each client from its own personal parts
-    batches_pinned = True
+    batching = Batching(pinned=True)  # its passes, each client from its own personal parts
 
     personal_parts: ClassVar[tuple[str, ...]] = ("head",)
     has_personal_model = True

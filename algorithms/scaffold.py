@@ -23,6 +23,7 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from raysim.aggregate import apply_updates, subtract
 from raysim.errors import ConfigError
+from raysim.executors.batching import Batching
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -54,8 +55,8 @@ def zeros_like(w: ModelWeights) -> ModelWeights:
 
 @register("scaffold")
 class Scaffold(Algorithm[ScaffoldState]):
-    unbatchable = (
-        "each step is corrected by the client's own control variate, which differs from client to "
+    batching = Batching(
+        why_not="each step is corrected by the client's own control variate, which differs from client to "
         "client."
     )
     Config = ScaffoldConfig

@@ -127,8 +127,8 @@ def validate(cfg: ExperimentConfig) -> None:
     algorithm_params(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     if cfg.train.batch_clients > 1:
         cls = algorithm_class(cfg.algo)
-        if not cls.batchable:
-            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.unbatchable}")
+        if not cls.batching.possible:
+            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.batching.why_not}")
         if not MODELS.get(cfg.model).batchable:
             raise ConfigError(
                 f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from raysim.config import ExperimentConfig, from_dict
+from raysim.executors.batching import Batching
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -80,9 +81,7 @@ class AlgorithmHooks(Protocol):
     regularizable: ClassVar[bool]
     prologue: ClassVar[bool]
     epilogue: ClassVar[bool]
-    batchable: ClassVar[bool]
-    batches_pinned: ClassVar[bool]
-    unbatchable: ClassVar[str]
+    batching: ClassVar[Batching]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...

@@ -5,6 +5,8 @@
 - ``evaluation``: what the global model must predict and how the workers' parts add up;
 - ``serial``: :class:`~raysim.executors.serial.SerialExecutor`, everything in this process;
 - ``placement``: clients' home workers and where a round's jobs run;
+- ``batching``: which jobs train together, and an algorithm's :class:`~raysim.executors.batching.Batching`;
+- ``schedule``: the round's calls to the workers, as a pure plan;
 - ``actors``: the client-worker and server actors;
 - ``recovery``: the pool of client workers, and the replacement of those that die;
 - ``session``: starting, joining and stopping Ray;

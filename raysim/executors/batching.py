@@ -15,8 +15,32 @@ clients together and give the same numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from raysim.wire import Job
+
+
+@dataclass(frozen=True)
+class Batching:
+    """An algorithm's capability for ``train.batch_clients``, declared on its class
+    (``batching = Batching(pinned=True)``), or why it has none (``Batching(why_not="...")``, one
+    sentence). With it, the algorithm's ``batch_update`` trains a unit's clients together, and
+    ``pinned`` says whether jobs pinned to home workers are batched too (their clients' memories
+    then move to the batch's worker and back); else those train one by one on their homes."""
+
+    pinned: bool = False
+    why_not: str = ""
+
+    @property
+    def possible(self) -> bool:
+        return not self.why_not
+
+
+#: what an algorithm that says nothing has
+NO_BATCHING = Batching(
+    why_not="its local update is not one pass of supervised training from the received model with a "
+    "loss the same for every client."
+)
 
 
 def _same(a: object, b: object) -> bool:
@@ -29,7 +53,7 @@ def _same(a: object, b: object) -> bool:
 def batch_units(jobs: Sequence[Job], k: int, pinned: bool = False) -> list[list[int]]:
     """The round's jobs as units: lists of job indices, a batch (more than one job, trained
     together) or a single job run as usual; ordered by their first job. Pinned jobs are batched
-    only with ``pinned`` (the algorithm's ``batches_pinned``)."""
+    only with ``pinned`` (the algorithm's ``Batching.pinned``)."""
     if k <= 1:
         return [[j] for j in range(len(jobs))]
     groups: list[list[int]] = []  # jobs of one payload and pinning, in plan order
@@ -48,4 +72,4 @@ def batch_units(jobs: Sequence[Job], k: int, pinned: bool = False) -> list[list[
     return sorted(units, key=lambda u: u[0])
 
 
-__all__ = ["batch_units"]
+__all__ = ["NO_BATCHING", "Batching", "batch_units"]

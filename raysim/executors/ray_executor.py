@@ -55,7 +55,7 @@ class RayExecutor:
         self.owns_ray = owns_ray
         algo_cls = algorithm_class(cfg.algo)
         self.has_global = algo_cls.has_global_model
-        self.batches_pinned = algo_cls.batches_pinned
+        self.batch_pinned = algo_cls.batching.pinned
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
@@ -126,7 +126,9 @@ class RayExecutor:
         import ray
 
         planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
-        plan = plan_round(planned, self.cfg.train.batch_clients, self.batches_pinned, self.pool.home, self.sizes, self.num_workers)
+        plan = plan_round(
+            planned, self.cfg.train.batch_clients, self.batch_pinned, self.pool.home, self.sizes, self.num_workers
+        )
         results: list[list[Any]] = [[None] * len(segs) for segs in plan.placement]
         done: set[tuple[int, int]] = set()
         homecoming: list[Any] = []

@@ -125,15 +125,15 @@ class RoundPlan:
 def plan_round(
     planned: Sequence[Job],
     batch_clients: int,
-    batches_pinned: bool,
+    batch_pinned: bool,
     home: Sequence[int],
     sizes: Sequence[int],
     workers: int,
 ) -> RoundPlan:
     """The round's units (``batch_clients`` jobs at most trained together; pinned ones only where
-    the algorithm ``batches_pinned``) and where each runs: an unpinned batch where the round's load
+    the algorithm's ``Batching.pinned``) and where each runs: an unpinned batch where the round's load
     is lightest, a pinned one whole on its first client's home worker."""
-    units = batch_units(planned, batch_clients, batches_pinned)
+    units = batch_units(planned, batch_clients, batch_pinned)
     jobs = [
         planned[u[0]] if len(u) == 1 else Job(tuple(c for j in u for c in planned[j].clients), planned[u[0]].payload)
         for u in units

@@ -39,7 +39,7 @@ class SerialExecutor:
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
         results: list[JobResult | None] = [None] * len(jobs)
-        for unit in batch_units(jobs, self.cfg.train.batch_clients, self.runtime.algo.batches_pinned):
+        for unit in batch_units(jobs, self.cfg.train.batch_clients, self.runtime.algo.batching.pinned):
             if len(unit) > 1:  # jobs trained together (train.batch_clients)
                 chains = [jobs[j].clients for j in unit]
                 for j, res in zip(unit, self.runtime.run_batch(rnd, chains, jobs[unit[0]].payload), strict=True):

@@ -179,11 +179,12 @@ def test_every_algorithm_is_batchable_or_says_why_not_in_a_sentence(tmp_path):
     from raysim.registry import ALGORITHMS
 
     ours = {name: cls for name, cls in ALGORITHMS.items() if cls.__module__.startswith("algorithms.")}
-    batchable = {name for name, cls in ours.items() if cls.batchable}
+    batchable = {name for name, cls in ours.items() if cls.batching.possible}
     assert batchable == {BATCHED[c].get("algo", c) for c in BATCHED} | {"dotreg"}
     for name, cls in ours.items():  # (not a test's own algorithm, registered by test_api)
-        if not cls.batchable:
-            assert cls.unbatchable.endswith(".") and len(cls.unbatchable.split(". ")) == 1, name
+        if not cls.batching.possible:
+            why = cls.batching.why_not
+            assert why.endswith(".") and len(why.split(". ")) == 1, name
 
 
 def test_settings_that_cannot_be_batched_are_refused_with_a_sentence(tmp_path):

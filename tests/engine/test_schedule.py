@@ -85,7 +85,7 @@ def test_batches_are_their_own_calls_and_a_pinned_one_runs_on_its_first_clients_
     # each planned job gets its own result back from the batch's list
     results = [[["r0", "r1", "r2"]], [["r3", "r4"]]]
     assert plan.per_planned_job(results) == [["r0"], ["r1"], ["r2"], ["r3"], ["r4"]]
-    # without batches_pinned, pinned jobs are not batched
+    # unless the algorithm batches pinned jobs (Batching(pinned=True)), they are not batched
     assert plan_round(jobs, 3, False, home, [5] * 5, 2).units == ((0, 1, 2), (3,), (4,))
 
 
