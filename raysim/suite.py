@@ -413,10 +413,10 @@ def _check_sampled(suite: Suite) -> None:
             for value in range_ends(*parse_range(key, text)):
                 experiment_config(trial, Path("."), {key: value})
         metric = suite.search.metric
-        cfg = experiment_config(trial, Path("."))
         if metric.startswith("lm_"):
             from raysim.experiment import algorithm_class
 
+            cfg = experiment_config(trial, Path("."))
             if not algorithm_class(cfg.algo).evaluates_personal(cfg):
                 raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to search on.")
 

@@ -82,4 +82,4 @@ class DataLoad:
         return self._future.result()
 
 
-__all__ = ["DataLoad"]
+__all__ = ["DataLoad", "check_files"]

@@ -28,9 +28,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def local_ray_environment() -> None:
     """Environment for a Ray started here: loopback only, no usage reporting, token authentication
-    without its warning, and client workers at normal priority. Ray starts its workers at niceness 15 (``RAY_worker_niceness``) to keep its
-    daemons responsive; raysim's workers are the computation, and at niceness 15 any other process
-    on the machine preempts them, which stalls intra-op threads waiting at their barriers."""
+    without its warning, and client workers at normal priority. Ray starts its workers at niceness
+    15 (``RAY_worker_niceness``) to keep its daemons responsive; raysim's workers are the
+    computation, and at niceness 15 any other process on the machine preempts them, which stalls
+    intra-op threads waiting at their barriers. Set before Ray is imported, which reads some of it
+    then."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_worker_niceness", "0")

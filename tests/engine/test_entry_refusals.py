@@ -8,11 +8,13 @@ Ray process behind."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,15 +48,22 @@ API_PROBE = (
 LIMIT_S = 3.0
 
 
+def ray_tmp(tmp: Path) -> Path:
+    """The temporary folder a command run for the test ``tmp`` is given: where a Ray session it
+    started would make its directory (short: Ray's socket paths must fit in 107 bytes)."""
+    short = Path(tempfile.gettempdir()) / f"rs-{hashlib.sha1(str(tmp).encode()).hexdigest()[:10]}"
+    short.mkdir(exist_ok=True)
+    return short
+
+
 def environment(tmp: Path) -> dict[str, str]:
-    (tmp / "tmp").mkdir(exist_ok=True)
     return {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(tmp)),
         "PYTHONPATH": str(ROOT),
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAYSIM_CACHE_DIR": str(tmp / "cache"),
-        "TMPDIR": str(tmp / "tmp"),  # where a Ray session would make its directory
+        "TMPDIR": str(ray_tmp(tmp)),  # where a Ray session would make its directory
     }
 
 
@@ -74,7 +83,7 @@ def assert_one_sentence(err: str, needle: str) -> None:
 
 
 def assert_no_ray(tmp: Path) -> None:
-    assert not (tmp / "tmp" / "ray").exists(), "a Ray session was started"
+    assert not (ray_tmp(tmp) / "ray").exists(), "a Ray session was started"
 
 
 def refused(args: list[str], needle: str, tmp: Path) -> None:
@@ -304,7 +313,7 @@ def test_a_corrupt_dataset_stops_the_run(tmp_path):
 
 
 def assert_no_ray_left(tmp: Path) -> None:
-    left = subprocess.run(["pgrep", "-f", str(tmp / "tmp" / "ray")], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", str(ray_tmp(tmp) / "ray")], capture_output=True, text=True)
     assert left.stdout.strip() == "", "Ray processes outlived the run"
 
 
@@ -336,5 +345,17 @@ def test_a_dataset_found_corrupt_while_ray_starts_stops_that_ray(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "raysim: error: The file /data/corrupt/x.bin is corrupt."
-    assert (tmp_path / "tmp" / "ray").is_dir()  # Ray had started
+    assert any((ray_tmp(tmp_path) / "ray").glob("session_*/logs/raylet.out"))  # Ray had started
+    assert_no_ray_left(tmp_path)
+
+
+@pytest.mark.ray
+def test_a_trial_refused_by_its_data_ends_the_suite_with_its_sentence(tmp_path):
+    """What only the data can tell (a partition that leaves clients too small) is found in the trial;
+    the suite then ends with that sentence and exit status 2, not a failure of Tune's."""
+    args = ["--algo", "fedavg", "--dataset", "synthetic", "--clients", "100", "--rounds", "1", "--no-progress"]
+    proc, _ = run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--out", str(tmp_path / "s")], tmp_path, 180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("raysim: error: The Dirichlet partition with alpha=0.1 left some client"), last
     assert_no_ray_left(tmp_path)
