@@ -35,7 +35,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.clustered import ClusterState, OneShotClustered
-from raysim.clustering import LINKAGES
+from raysim.clustering import Linkage
 from raysim.errors import ConfigError
 from raysim.wire import ClientResult
 
@@ -48,15 +48,11 @@ class FedClustConfig:
     warmup_epochs: int = 0  # local epochs before clustering (0: E)
     threshold: float = 1.1  # merge clusters within this distance
     num_clusters: int = 0  # >0: merge until this many clusters remain (threshold ignored)
-    linkage: str = "complete"
+    linkage: Linkage = "complete"
 
     def __post_init__(self) -> None:
         if self.warmup_epochs < 0 or self.threshold < 0 or self.num_clusters < 0:
             raise ConfigError("FedClust needs warmup_epochs, threshold and num_clusters >= 0.")
-        if self.linkage not in LINKAGES:
-            raise ConfigError(
-                f"FedClust's linkage must be one of {', '.join(LINKAGES)}, not '{self.linkage}'."
-            )
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from algorithms.base import register
 from algorithms.clustered import ClusterState, OneShotClustered
-from raysim.clustering import LINKAGES
+from raysim.clustering import Linkage
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult
@@ -46,7 +46,6 @@ from raysim.wire import ClientResult
 if TYPE_CHECKING:
     from raysim.context import ClientContext
 
-PROXIMITIES = ("pairwise", "principal")
 
 
 @dataclass(frozen=True)
@@ -54,18 +53,12 @@ class PACFLConfig:
     basis: int = 3  # p: singular vectors per class
     threshold: float = 10.0  # degrees: merge clusters within it
     num_clusters: int = 0  # >0: merge until this many clusters remain (threshold ignored)
-    linkage: str = "weighted"
-    proximity: str = "pairwise"
+    linkage: Linkage = "weighted"
+    proximity: Literal["pairwise", "principal"] = "pairwise"
 
     def __post_init__(self) -> None:
         if self.basis < 1 or self.threshold < 0 or self.num_clusters < 0:
             raise ConfigError("PACFL needs basis >= 1, threshold >= 0 and num_clusters >= 0.")
-        if self.linkage not in LINKAGES:
-            raise ConfigError(f"PACFL's linkage must be one of {', '.join(LINKAGES)}, not '{self.linkage}'.")
-        if self.proximity not in PROXIMITIES:
-            raise ConfigError(
-                f"PACFL's proximity must be one of {', '.join(PROXIMITIES)}, not '{self.proximity}'."
-            )
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,17 @@ matrix alone (the same on every executor).
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
 from raysim.errors import ConfigError
 
-LINKAGES = ("single", "complete", "average", "weighted")
+#: how clusters merge (scipy's names)
+Linkage = Literal["single", "complete", "average", "weighted"]
+LINKAGES: tuple[str, ...] = typing.get_args(Linkage)
 
 Clusters = tuple[tuple[int, ...], ...]
 

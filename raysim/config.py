@@ -32,6 +32,7 @@ class Bounds:
     at_least: float | None = None
     above: float | None = None
     at_most: float | None = None
+    below: float | None = None
 
     def check(self, value: Any, where: str) -> None:
         if value is None:  # an optional setting left to its default
@@ -42,14 +43,21 @@ class Bounds:
             raise ConfigError(f"{where} must be above {self.above:g}, not {value!r}.")
         if self.at_most is not None and value > self.at_most:
             raise ConfigError(f"{where} must be at most {self.at_most:g}, not {value!r}.")
+        if self.below is not None and value >= self.below:
+            raise ConfigError(f"{where} must be below {self.below:g}, not {value!r}.")
 
 
 def setting(
-    default: Any, *, at_least: float | None = None, above: float | None = None, at_most: float | None = None
+    default: Any,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
 ) -> Any:
     """A dataclass field with its allowed range: ``batch_size: int = setting(40, at_least=1)``.
     (Allowed words are declared with the type: ``Literal["fo", "hf"]``.)"""
-    return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most)})
+    return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most, below)})
 
 
 @dataclass(frozen=True)

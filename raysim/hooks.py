@@ -20,13 +20,14 @@ both (a static method)
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from raysim.config import ExperimentConfig, from_dict
+from raysim.config import ExperimentConfig, from_dict, setting
 from raysim.executors.batching import Batching
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -44,7 +45,8 @@ FT_PARAMS = ("ft_epochs", "ft_lr")
 #: ``regularizable`` takes besides its own Config; and the regularisers' names
 #: (:data:`raysim.distill.REGULARIZERS`)
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
-REG_NAMES = ("prox", "kd", "ntd", "ld", "fd")
+RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
+REG_NAMES: tuple[str, ...] = typing.get_args(RegName)
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,11 @@ class EngineParams:
     """The engine's ``algo.*`` settings, typed as any Config's are (``--set algo.ft_epochs=1`` is an
     int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
 
-    ft_epochs: int | None = None  # None: the class's ft_default_epochs
-    ft_lr: float | None = None  # None: the initial learning rate
-    regularizers: tuple[str, ...] = ()
-    reg_beta: float = 0.9
-    reg_tau: float = 3.0
+    ft_epochs: int | None = setting(None, at_least=0)  # None: the class's ft_default_epochs
+    ft_lr: float | None = setting(None, above=0)  # None: the initial learning rate
+    regularizers: tuple[RegName, ...] = ()
+    reg_beta: float = setting(0.9, at_least=0, below=1)  # the algorithm's own loss's weight
+    reg_tau: float = setting(3.0, above=0)  # the distillation temperature
 
 
 def engine_settings(algo_params: Any) -> EngineParams:
