@@ -22,7 +22,7 @@ Followed in the authors' code (``ZexiLee/ICCV-2023-FedETF``: ``models_dict/resne
 - Personalisation, FedETF-FT (their ``Client_personalization``), the engine's "-FT" slot
   (``algo.ft_epochs`` > 0; off by default, as FedDr+ reports FedETF and FedETF-FT apart): from the
   final global model each client trains the body and s with the balanced loss for ``ft_epochs``
-  (default E) at ``ft_lr``; then ``ft_alternations`` (20) times: ``ft_alt_epochs`` (3) epochs of the
+  at ``ft_lr``; then ``ft_alternations`` (20) times: ``ft_alt_epochs`` (3) epochs of the
   ETF alone (plain SGD, no momentum or weight decay, lr ``ft_etf_lr`` 0.1) and as many of the
   projection alone (the run's momentum and weight decay, lr ``ft_proj_lr`` 0.05), both with plain
   cross-entropy on s z^T M, s frozen. ``lm_ptest`` reports these models.
