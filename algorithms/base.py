@@ -30,9 +30,10 @@ import numpy as np
 
 from raysim.config import ExperimentConfig
 from raysim.executors.batching import NO_BATCHING, Batching
+from raysim.finetune import FineTune
 from raysim.hooks import engine_settings
 from raysim.registry import ALGORITHMS, DatasetInfo
-from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
@@ -60,16 +61,9 @@ class Algorithm(Generic[StateT]):
     epilogue: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
-    #: "-FT" personalisation (FedBABU's and FedDr+'s, and the "-FT" rows of FedDr+'s Table 3 for any
-    #: method with a global model): with ``algo.ft_epochs`` > 0, after the last round each client
-    #: fine-tunes the final global model (:meth:`ft_weights`) on its own training data, its
-    #: ``ft_parts`` with :meth:`ft_loss`, for ``ft_epochs`` at ``algo.ft_lr`` (default the initial
-    #: rate), on its own random stream; ``lm_ptest`` at the last round reports these models. Nothing
-    #: the client or the server keeps changes: the global model is untouched.
-    fine_tunes: ClassVar[bool] = False
-    #: ``ft_epochs`` when not given (None: the local epochs E; 0: no fine-tuning)
-    ft_default_epochs: ClassVar[int | None] = 0
-    ft_parts: ClassVar[tuple[str, ...]] = GLOBAL_PARTS
+    #: "-FT" personalisation, a capability (:class:`raysim.finetune.FineTune`): after the last
+    #: round each client fine-tunes the final global model on its own data
+    finetune: ClassVar[FineTune | None] = None
     #: added regularisers (FedDr+'s Table 1: ``algo.regularizers=[prox|kd|ntd|ld|fd]``,
     #: :mod:`raysim.distill`): the local loss becomes reg_beta * its own + (1 - reg_beta) * the
     #: terms against the received global model (``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4,
@@ -136,17 +130,6 @@ class Algorithm(Generic[StateT]):
         return model
 
     @classmethod
-    def ft_setting(cls, cfg: ExperimentConfig) -> tuple[int, float]:
-        """(epochs, rate) of "-FT" fine-tuning: ``algo.ft_epochs`` (default ``ft_default_epochs``)
-        and ``algo.ft_lr`` (default the initial learning rate)."""
-        p = engine_settings(cfg.algo_params)
-        epochs = cls.ft_default_epochs if "ft_epochs" not in cfg.algo_params else p.ft_epochs
-        return (
-            cfg.train.local_epochs if epochs is None else epochs,
-            cfg.train.lr if p.ft_lr is None else p.ft_lr,
-        )
-
-    @classmethod
     def reg_setting(cls, cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
         """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
         p = engine_settings(cfg.algo_params)
@@ -156,7 +139,7 @@ class Algorithm(Generic[StateT]):
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
         """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
         own, or its fine-tuned global model."""
-        return cls.has_personal_model or (cls.fine_tunes and cls.ft_setting(cfg)[0] > 0)
+        return cls.has_personal_model or (cls.finetune is not None and cls.finetune.on(cfg))
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
@@ -229,17 +212,8 @@ class Algorithm(Generic[StateT]):
 
     def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
         """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
-        By default: "-FT", the final global model fine-tuned (see ``fine_tunes``)."""
-        if not self.fine_tunes:
-            return None
-        epochs, lr = self.ft_setting(self.cfg)
-        if epochs == 0 or ctx.rnd < self.cfg.rounds:
-            return None
-        weights = self.ft_weights(eval_payload)
-        loss_fn = self.ft_loss(ctx, weights)
-        ctx.load(weights)
-        ctx.train(self.ft_parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
-        return ctx.model
+        By default: the fine-tuned global model of an algorithm with ``finetune``, else none."""
+        return self.finetune.personal_model(self, ctx, eval_payload) if self.finetune is not None else None
 
     def regularized(
         self, ctx: ClientContext, received: ModelWeights, parts: tuple[str, ...], loss_fn: LossFn
@@ -265,18 +239,6 @@ class Algorithm(Generic[StateT]):
         set_weights(t, weights)
         t.eval()
         return t
-
-    def ft_weights(self, eval_payload: Any) -> ModelWeights:
-        """The global model that "-FT" fine-tunes (by default the evaluation payload itself)."""
-        weights: ModelWeights = eval_payload
-        return weights
-
-    def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
-        """The loss of "-FT" fine-tuning (cross-entropy on the global path by default); made
-        before ``weights`` are loaded into ``ctx.model``."""
-        from raysim.train import cross_entropy
-
-        return cross_entropy
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The forward function (inputs to class scores) a personal model predicts with (default:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from algorithms.base import Algorithm, register
 from raysim.aggregate import average_uploads
 from raysim.executors.batching import Batching
+from raysim.finetune import FineTune
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -64,7 +65,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 
 @register("fedavg")
 class FedAvg(AveragedWeights):
-    fine_tunes = True  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
+    finetune = FineTune()  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
     regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
     batching = Batching()  # (and FedProx, FedNTD, FedExP): every client's loss is the payload's
 

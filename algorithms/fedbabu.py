@@ -4,15 +4,16 @@ same everywhere) and frozen during federated training; only the body (``extracto
 trained with cross-entropy and averaged by training-set size. FedBABU-FT: after the last round
 each client fine-tunes the whole global model (body and head) with cross-entropy on its own data
 for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the initial rate), the engine's "-FT"
-(:attr:`algorithms.base.Algorithm.fine_tunes`); ``lm_ptest`` at the last round reports them.
+(:class:`raysim.finetune.FineTune`); ``lm_ptest`` at the last round reports them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from algorithms.base import register
 from algorithms.feddrplus import FrozenHead, GlobalEval
+from raysim.finetune import FineTune
 from raysim.weights import BODY
 from raysim.wire import ServerContext, WeightsPayload
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 @register("fedbabu")
 class FedBABU(FrozenHead):
     #: FedBABU-FT fine-tunes the whole model, with cross-entropy
-    ft_parts: ClassVar[tuple[str, ...]] = (*BODY, "head")
+    finetune = FineTune(parts=(*BODY, "head"), default_epochs=None)
 
     def init(self, ctx: ServerContext) -> GlobalEval:
         return GlobalEval(ctx.init_weights.select((*BODY, "head")))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from raysim import rng
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
+from raysim.finetune import FineTune
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -129,11 +130,9 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     has_global_model = True
     has_personal_model = True
-    fine_tunes = True
-    ft_default_epochs: ClassVar[int | None] = None  # the local epochs E
+    finetune = FineTune(parts=BODY, default_epochs=None)  # on by default, for E epochs
     regularizable = True  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
     batching = Batching()  # every client's loss is the payload's
-    ft_parts: ClassVar[tuple[str, ...]] = BODY
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
         payload = WeightsPayload(state.weights, self.lr(rnd))

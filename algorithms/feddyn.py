@@ -24,6 +24,7 @@ from algorithms.base import Algorithm, register
 from raysim.aggregate import apply_updates, subtract, weighted_mean
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
+from raysim.finetune import FineTune
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -55,7 +56,7 @@ class FedDyn(Algorithm[DynState]):
         why_not="its loss has each client's own linear term, kept on its home worker."
     )
     Config = FedDynConfig
-    fine_tunes = True  # "-FT" with algo.ft_epochs
+    finetune = FineTune()  # "-FT" with algo.ft_epochs
 
     def init(self, ctx: ServerContext) -> DynState:
         theta = ctx.init_weights.select(GLOBAL_PARTS)

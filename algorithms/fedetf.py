@@ -46,8 +46,9 @@ from raysim import rng
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
+from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
-from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
+from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
@@ -113,9 +114,7 @@ class FedETF(Algorithm[ETFState]):
     )
     Config = FedETFConfig
     has_global_model = True
-    fine_tunes = True  # FedETF-FT: algo.ft_epochs > 0
-    ft_default_epochs = 0
-    ft_parts = GLOBAL_PARTS
+    finetune = FineTune()  # FedETF-FT: algo.ft_epochs > 0 (its own steps: personal_model)
     regularizable = True
 
     @staticmethod
@@ -195,7 +194,7 @@ class FedETF(Algorithm[ETFState]):
     def personal_model(self, ctx: ClientContext, eval_payload: ETFState) -> SplitModel | None:
         """FedETF-FT (their ``Client_personalization``): the body and s with the balanced loss,
         then the ETF and the projection in turn with cross-entropy, s frozen."""
-        epochs, lr = self.ft_setting(self.cfg)
+        epochs, lr = FedETF.finetune.setting(self.cfg)
         if epochs == 0 or ctx.rnd < self.cfg.rounds:
             return None
         p = self.params

@@ -24,6 +24,7 @@ from algorithms.base import Algorithm, register
 from raysim.aggregate import apply_updates, subtract
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
+from raysim.finetune import FineTune
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -60,7 +61,7 @@ class Scaffold(Algorithm[ScaffoldState]):
         "client."
     )
     Config = ScaffoldConfig
-    fine_tunes = True  # "-FT" with algo.ft_epochs
+    finetune = FineTune()  # "-FT" with algo.ft_epochs
 
     @classmethod
     def check(cls, cfg: Any, params: ScaffoldConfig) -> None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -51,8 +51,9 @@ from algorithms.base import register
 from algorithms.feddrplus import FrozenHead, GlobalEval, drplus_setup
 from raysim import rng
 from raysim.errors import ConfigError
+from raysim.finetune import FineTune
 from raysim.registry import MODELS, DatasetInfo, dataset_info
-from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
+from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
@@ -132,8 +133,7 @@ def sphere_mse(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 class SphereFed(FrozenHead):
     Config = SphereFedConfig
     epilogue = True
-    ft_default_epochs = 0  # SphereFed-FT: algo.ft_epochs > 0
-    ft_parts: ClassVar[tuple[str, ...]] = GLOBAL_PARTS
+    finetune = FineTune()  # SphereFed-FT: algo.ft_epochs > 0
 
     @staticmethod
     def adapt_model(model: SplitModel) -> SplitModel:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 #: the settings of "-FT" fine-tuning (``algo.ft_epochs``, ``algo.ft_lr``), which every algorithm
-#: whose class ``fine_tunes`` takes besides its own Config
+#: with the "-FT" capability (``finetune``) takes besides its own Config
 FT_PARAMS = ("ft_epochs", "ft_lr")
 #: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
 #: and the distillation temperature ``reg_tau``), which every algorithm whose class is
@@ -54,7 +54,7 @@ class EngineParams:
     """The engine's ``algo.*`` settings, typed as any Config's are (``--set algo.ft_epochs=1`` is an
     int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
 
-    ft_epochs: int | None = setting(None, at_least=0)  # None: the class's ft_default_epochs
+    ft_epochs: int | None = setting(None, at_least=0)  # None: the capability's default_epochs
     ft_lr: float | None = setting(None, above=0)  # None: the initial learning rate
     regularizers: tuple[RegName, ...] = ()
     reg_beta: float = setting(0.9, at_least=0, below=1)  # the algorithm's own loss's weight
@@ -69,7 +69,7 @@ def engine_settings(algo_params: Any) -> EngineParams:
 
 def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
-    return (FT_PARAMS if getattr(cls, "fine_tunes", False) else ()) + (
+    return (FT_PARAMS if getattr(cls, "finetune", None) is not None else ()) + (
         REG_PARAMS if getattr(cls, "regularizable", False) else ()
     )
 
@@ -79,7 +79,7 @@ class AlgorithmHooks(Protocol):
     Config: ClassVar[type]
     has_global_model: ClassVar[bool]
     has_personal_model: ClassVar[bool]
-    fine_tunes: ClassVar[bool]
+    finetune: ClassVar[Any]  # raysim.finetune.FineTune, or None
     regularizable: ClassVar[bool]
     prologue: ClassVar[bool]
     epilogue: ClassVar[bool]

@@ -1,5 +1,5 @@
 """ "-FT" (issue 15): every method with a global model fine-tunes it on each client's data after the last
-round, through one mechanism (``Algorithm.fine_tunes``, ``algo.ft_epochs``, ``algo.ft_lr``)."""
+round, through one mechanism (the ``FineTune`` capability, ``algo.ft_epochs``, ``algo.ft_lr``)."""
 
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, he
     algo_obj = ex.runtime.algo
     assert algo_obj.personal_model(ClientContext(ex.runtime, 3, 1), payload) is None  # not the last round
     model = algo_obj.personal_model(ClientContext(ex.runtime, 3, 2), payload)
-    gm = algo_obj.ft_weights(payload)
+    gm = algo_obj.finetune.weights(algo_obj, payload)
     tuned = get_weights(model, ("extractor", "head"))
     assert not np.array_equal(tuned.extractor, gm.extractor)
     assert np.array_equal(tuned.head, gm.head) != head_moves
-    assert algo_obj.ft_weights(ex.server.eval_payload()).equals(gm)  # the global model is untouched
+    assert algo_obj.finetune.weights(algo_obj, ex.server.eval_payload()).equals(gm)  # the global model is untouched
     for name, value in vars(ex.server.state).items():
         before = vars(state)[name]
         if hasattr(value, "equals"):

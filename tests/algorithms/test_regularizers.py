@@ -160,5 +160,5 @@ def test_settings_typed_on_the_command_line_are_read_as_their_types(tmp_path):
     )
     validate(cfg)
     cls = algorithm_class("fedbabu")
-    assert cls.ft_setting(cfg) == (1, 0.02)
+    assert cls.finetune.setting(cfg) == (1, 0.02)
     assert cls.reg_setting(cfg) == (("ntd", "fd"), 0.8, 3.0)
