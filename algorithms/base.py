@@ -31,9 +31,8 @@ import numpy as np
 from raysim.config import ExperimentConfig
 from raysim.executors.batching import NO_BATCHING, Batching
 from raysim.finetune import FineTune
-from raysim.hooks import engine_settings
 from raysim.registry import ALGORITHMS, DatasetInfo
-from raysim.weights import ModelWeights
+from raysim.regularizers import Regularizable
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
@@ -64,11 +63,8 @@ class Algorithm(Generic[StateT]):
     #: "-FT" personalisation, a capability (:class:`raysim.finetune.FineTune`): after the last
     #: round each client fine-tunes the final global model on its own data
     finetune: ClassVar[FineTune | None] = None
-    #: added regularisers (FedDr+'s Table 1: ``algo.regularizers=[prox|kd|ntd|ld|fd]``,
-    #: :mod:`raysim.distill`): the local loss becomes reg_beta * its own + (1 - reg_beta) * the
-    #: terms against the received global model (``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4,
-    #: ``algo.reg_tau`` 3 for kd and ntd); the algorithm wraps its loss with :meth:`regularized`
-    regularizable: ClassVar[bool] = False
+    #: FedDr+'s Table 1 regularisers, a capability (:class:`raysim.regularizers.Regularizable`)
+    regularizers: ClassVar[Regularizable | None] = None
     #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
     #: (:meth:`batch_update`, :mod:`raysim.batched`), or the sentence that says why not
     batching: ClassVar[Batching] = NO_BATCHING
@@ -130,12 +126,6 @@ class Algorithm(Generic[StateT]):
         return model
 
     @classmethod
-    def reg_setting(cls, cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
-        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
-        p = engine_settings(cfg.algo_params)
-        return p.regularizers, p.reg_beta, p.reg_tau
-
-    @classmethod
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
         """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
         own, or its fine-tuned global model."""
@@ -173,7 +163,8 @@ class Algorithm(Generic[StateT]):
     ) -> list[ClientResult]:
         """The common :meth:`batch_update`: every client loads ``payloads``' one ``WeightsPayload``
         and trains ``parts`` with ``objective(ctx, payload)`` (made once, with the received weights
-        loaded; the run's regularisers added) and uploads them; other payloads run one by one."""
+        loaded; the run's regularisers added, for an algorithm with them) and uploads them; other
+        payloads run one by one."""
         from raysim.context import ClientContext
 
         payload = payloads[0]
@@ -181,7 +172,9 @@ class Algorithm(Generic[StateT]):
             return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
         first = ctxs[0]
         first.load(payload.weights)
-        loss = self.regularized(first, payload.weights, parts, objective(first, payload))
+        loss = objective(first, payload)
+        if self.regularizers is not None:
+            loss = self.regularizers.wrap(self.cfg, first, payload.weights, parts, loss)
         trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
         return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 
@@ -214,31 +207,6 @@ class Algorithm(Generic[StateT]):
         """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
         By default: the fine-tuned global model of an algorithm with ``finetune``, else none."""
         return self.finetune.personal_model(self, ctx, eval_payload) if self.finetune is not None else None
-
-    def regularized(
-        self, ctx: ClientContext, received: ModelWeights, parts: tuple[str, ...], loss_fn: LossFn
-    ) -> LossFn:
-        """``loss_fn`` with the run's added regularisers against ``received`` (the global model the
-        client started from, already loaded in ``ctx.model``), ``parts`` being what trains; the
-        loss itself when there are none."""
-        names, beta, tau = self.reg_setting(self.cfg)
-        if not names:
-            return loss_fn
-        from raysim.distill import RegContext, regularized
-        from raysim.train import proximal_anchor
-
-        rc = RegContext(self.teacher(ctx, received), proximal_anchor(ctx.model, parts), parts, tau)
-        return regularized(loss_fn, names, beta, rc)
-
-    def teacher(self, ctx: ClientContext, weights: ModelWeights) -> SplitModel:
-        """``weights`` (the received global model) in the worker's "teacher" scratch model, frozen in
-        eval mode: what distillation terms compare with (FedDr+'s L_FD, FedNTD, the regularisers)."""
-        from raysim.models import set_weights
-
-        t = ctx.scratch_model("teacher")
-        set_weights(t, weights)
-        t.eval()
-        return t
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The forward function (inputs to class scores) a personal model predicts with (default:

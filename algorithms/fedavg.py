@@ -13,6 +13,7 @@ from algorithms.base import Algorithm, register
 from raysim.aggregate import average_uploads
 from raysim.executors.batching import Batching
 from raysim.finetune import FineTune
+from raysim.regularizers import Regularizable
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -66,7 +67,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 @register("fedavg")
 class FedAvg(AveragedWeights):
     finetune = FineTune()  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
-    regularizable = True  # e.g. FedAvg+FD with algo.regularizers=[fd]
+    regularizers = Regularizable()  # e.g. FedAvg+FD with algo.regularizers=[fd]
     batching = Batching()  # (and FedProx, FedNTD, FedExP): every client's loss is the payload's
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
@@ -78,7 +79,7 @@ class FedAvg(AveragedWeights):
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         return train_global_parts(
-            ctx, payload, lambda: self.regularized(ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
+            ctx, payload, lambda: self.regularizers.wrap(self.cfg, ctx, payload.weights, GLOBAL_PARTS, self.loss_fn(ctx, payload))
         )
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:

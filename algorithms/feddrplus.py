@@ -33,6 +33,7 @@ from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
 from raysim.finetune import FineTune
 from raysim.registry import MODELS, DatasetInfo, dataset_info
+from raysim.regularizers import Regularizable
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -131,7 +132,7 @@ class FrozenHead(Algorithm[GlobalEval]):
     has_global_model = True
     has_personal_model = True
     finetune = FineTune(parts=BODY, default_epochs=None)  # on by default, for E epochs
-    regularizable = True  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
+    regularizers = Regularizable()  # FedDr+'s Table 1: dot-regression (or FedBABU) with added regularisers
     batching = Batching()  # every client's loss is the payload's
 
     def plan(self, state: GlobalEval, rnd: int, sampled: Sequence[int]) -> list[Job]:
@@ -152,7 +153,7 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         ctx.load(payload.weights)
-        loss = self.regularized(ctx, payload.weights, BODY, self.body_loss(ctx, payload))
+        loss = self.regularizers.wrap(self.cfg, ctx, payload.weights, BODY, self.body_loss(ctx, payload))
         stats = ctx.train(BODY, payload.lr, loss_fn=loss)  # the head stays frozen
         return ctx.result(stats, weights=ctx.weights(BODY))
 
@@ -201,13 +202,13 @@ class FedDrPlus(FrozenHead):
     def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """beta L_DR + (1 - beta) L_FD against the received model (the ETF head stays frozen)."""
         beta = self.params.beta
-        return dr_loss(beta, self.teacher(ctx, payload.weights) if beta < 1.0 else None)
+        return dr_loss(beta, ctx.teacher(payload.weights) if beta < 1.0 else None)
 
     def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
         """FedDr+ FT's loss: L_DR (``ft_loss="dr"``) or L_Dr+ with the global model as teacher."""
         p = self.params
         beta = 1.0 if p.ft_loss == "dr" else p.beta
-        return dr_loss(beta, self.teacher(ctx, weights) if beta < 1.0 else None)
+        return dr_loss(beta, ctx.teacher(weights) if beta < 1.0 else None)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
 from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
+from raysim.regularizers import Regularizable
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -115,7 +116,7 @@ class FedETF(Algorithm[ETFState]):
     Config = FedETFConfig
     has_global_model = True
     finetune = FineTune()  # FedETF-FT: algo.ft_epochs > 0 (its own steps: personal_model)
-    regularizable = True
+    regularizers = Regularizable()
 
     @staticmethod
     def adapt_model(model: SplitModel) -> SplitModel:
@@ -187,7 +188,7 @@ class FedETF(Algorithm[ETFState]):
     def local_update(self, ctx: ClientContext, payload: ETFPayload) -> ClientResult:
         ctx.load(payload.weights)
         s = self._scale(ctx, payload.scale)
-        loss = self.regularized(ctx, payload.weights, BODY, balanced_etf_loss(s, class_counts(ctx)))
+        loss = self.regularizers.wrap(self.cfg, ctx, payload.weights, BODY, balanced_etf_loss(s, class_counts(ctx)))
         stats = ctx.train(BODY, payload.lr, loss_fn=loss, extra=[s])  # the ETF stays fixed
         return ctx.result(stats, weights=ctx.weights(BODY), extra=np.array([s.item()], dtype=np.float32))
 

@@ -48,7 +48,7 @@ class FedNTD(FedAvg):
         from raysim.distill import not_true_distillation
 
         beta, tau = self.params.beta, self.params.tau
-        teacher = self.teacher(ctx, payload.weights)  # the received global model, frozen
+        teacher = ctx.teacher(payload.weights)  # the received global model, frozen
 
         def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             import torch

@@ -212,6 +212,15 @@ class ClientContext:
         """A second model on this worker (e.g. a frozen teacher), reused from job to job."""
         return self._ws.scratch_model(name)
 
+    def teacher(self, weights: ModelWeights) -> SplitModel:
+        """``weights`` (e.g. the received global model) in the worker's "teacher" scratch model,
+        frozen in eval mode: what distillation terms compare with (FedDr+'s L_FD, FedNTD, the
+        regularisers)."""
+        t = self.scratch_model("teacher")
+        set_weights(t, weights)
+        t.eval()
+        return t
+
     # ---- what the client keeps between rounds (on its home worker)
     def kept(self, parts: Sequence[str], *, fresh: str | None = None) -> ModelWeights:
         """The ``parts`` this client kept (:meth:`keep`); a part it has not kept yet is the

@@ -4,7 +4,7 @@ loss terms on the shared training loop (PyTorch; client side only).
 - :func:`not_true_distillation`: FedNTD's L_NTD (Lee et al., "Preservation of the Global Knowledge
   by Not-True Distillation in Federated Learning", NeurIPS 2022, Eq. 4-5).
 - :data:`REGULARIZERS`: the terms of FedDr+'s Table 1 (seed 004, Sec. 3.4), any of which an
-  algorithm with ``regularizable`` adds to its own loss by name (``algo.regularizers=[fd]``):
+  algorithm with the ``regularizers`` capability (:mod:`raysim.regularizers`) adds to its own loss by name (``algo.regularizers=[fd]``):
 
   - ``prox``: ||theta - theta_g||^2 over the trained parameters (FedProx, Li et al. 2020, Eq. 2,
     without its mu/2: the weight is the combination's);

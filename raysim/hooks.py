@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 FT_PARAMS = ("ft_epochs", "ft_lr")
 #: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
 #: and the distillation temperature ``reg_tau``), which every algorithm whose class is
-#: ``regularizable`` takes besides its own Config; and the regularisers' names
+#: has the ``regularizers`` capability takes besides its own Config; and the regularisers' names
 #: (:data:`raysim.distill.REGULARIZERS`)
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
 RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
@@ -70,7 +70,7 @@ def engine_settings(algo_params: Any) -> EngineParams:
 def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
     return (FT_PARAMS if getattr(cls, "finetune", None) is not None else ()) + (
-        REG_PARAMS if getattr(cls, "regularizable", False) else ()
+        REG_PARAMS if getattr(cls, "regularizers", None) is not None else ()
     )
 
 
@@ -80,7 +80,7 @@ class AlgorithmHooks(Protocol):
     has_global_model: ClassVar[bool]
     has_personal_model: ClassVar[bool]
     finetune: ClassVar[Any]  # raysim.finetune.FineTune, or None
-    regularizable: ClassVar[bool]
+    regularizers: ClassVar[Any]  # raysim.regularizers.Regularizable, or None
     prologue: ClassVar[bool]
     epilogue: ClassVar[bool]
     batching: ClassVar[Batching]

@@ -89,8 +89,8 @@ def test_the_loss_is_beta_own_plus_the_terms_and_the_terms_change_training(tmp_p
     algo, sent = ex.runtime.algo, ex.server.state.weights
     ctx = ClientContext(ex.runtime, 1, 1)
     ctx.load(sent)
-    loss = algo.regularized(
-        ctx, sent, ("extractor", "filter", "head"), algo.loss_fn(ctx, WeightsPayload(sent, 0.1))
+    loss = algo.regularizers.wrap(
+        algo.cfg, ctx, sent, ("extractor", "filter", "head"), algo.loss_fn(ctx, WeightsPayload(sent, 0.1))
     )
     x, y = _batch(ex)
     with torch.no_grad():
@@ -161,4 +161,4 @@ def test_settings_typed_on_the_command_line_are_read_as_their_types(tmp_path):
     validate(cfg)
     cls = algorithm_class("fedbabu")
     assert cls.finetune.setting(cfg) == (1, 0.02)
-    assert cls.reg_setting(cfg) == (("ntd", "fd"), 0.8, 3.0)
+    assert cls.regularizers.setting(cfg) == (("ntd", "fd"), 0.8, 3.0)
