@@ -222,14 +222,14 @@ def normalise_images(images: np.ndarray, mean: tuple[float, ...], std: tuple[flo
     return out
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     """An exception as a short clause that fits inside one sentence."""
     text = " ".join(str(err).split()) or type(err).__name__
     text = text.replace(". ", "; ").rstrip(".")
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _places(dirs: list[Path]) -> str:
+def places(dirs: list[Path]) -> str:
     names = list(dict.fromkeys(str(d) for d in dirs))
     if len(names) == 1:
         return names[0]
@@ -346,10 +346,10 @@ def load_fmnist(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Arr
                 files = _find_idx_files(tv_raw)
                 reason = "the download left no idx files"
             except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-                reason = f"the download failed ({_one_line(e)})"
+                reason = f"the download failed ({one_line(e)})"
         if files is None:
             raise ConfigError(
-                f"Fashion-MNIST was not found in {_places(searched)}, and {reason}; install the "
+                f"Fashion-MNIST was not found in {places(searched)}, and {reason}; install the "
                 "Debian package dataset-fashion-mnist, pass --data-dir, or allow the download."
             )
     files_found("Fashion-MNIST", files["train_x"].parent)
@@ -436,10 +436,10 @@ def load_cifar(name: str, data_dir: str | None, download: bool) -> tuple[ArrayDa
                 directory = find()
                 reason = "the download left no pickle files"
             except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-                reason = f"the download failed ({_one_line(e)})"
+                reason = f"the download failed ({one_line(e)})"
         if directory is None:
             raise ConfigError(
-                f"{title} was not found in {_places(searched)}, and {reason}; pass --data-dir "
+                f"{title} was not found in {places(searched)}, and {reason}; pass --data-dir "
                 f"pointing at the folder that holds {folder}, or allow the download."
             )
     files_found(title, directory)

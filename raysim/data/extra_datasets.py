@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places, files_found, read_idx
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, files_found, one_line, places, read_idx
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _try_download(title: str, root: Path, fetch: Callable[[Any], object]) -> str
         logger.info("Downloading %s to %s with torchvision.", title, root)
         fetch(torchvision.datasets)
     except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-        return f"the download failed ({_one_line(e)})"
+        return f"the download failed ({one_line(e)})"
     return None
 
 
@@ -139,7 +139,7 @@ def _read_images(paths: list[Path], size: int, title: str) -> np.ndarray:
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 (Pillow raises many kinds for a bad file)
-            raise ConfigError(f"The {title} image {path} cannot be read ({_one_line(e)}).") from e
+            raise ConfigError(f"The {title} image {path} cannot be read ({one_line(e)}).") from e
         x[i] = pixels.transpose(2, 0, 1)
     return x
 
@@ -164,7 +164,7 @@ def _read_idx(path: Path, title: str) -> np.ndarray:
     except ConfigError:
         raise
     except (OSError, EOFError, ValueError, zlib.error) as e:  # a bad gzip stream, an unreadable file
-        raise ConfigError(f"The {title} file {path} cannot be read ({_one_line(e)}).") from e
+        raise ConfigError(f"The {title} file {path} cannot be read ({one_line(e)}).") from e
 
 
 def _idx_split(
@@ -214,7 +214,7 @@ def _load_idx_dataset(
             reason = failed or "the download left no idx files"
         if files is None:
             raise ConfigError(
-                f"{title} was not found in {_places(searched)}, and {reason}; pass --data-dir "
+                f"{title} was not found in {places(searched)}, and {reason}; pass --data-dir "
                 f"pointing at the folder that holds {names['train_x']} and its three other idx files, "
                 "or allow the download."
             )
@@ -293,7 +293,7 @@ def _read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         mat = scipy.io.loadmat(str(path), variable_names=("X", "y"))
     except Exception as e:  # noqa: BLE001 (scipy raises many kinds for a bad file)
-        raise ConfigError(f"The SVHN file {path} is not a readable MATLAB file ({_one_line(e)}).") from e
+        raise ConfigError(f"The SVHN file {path} is not a readable MATLAB file ({one_line(e)}).") from e
     x, y = mat.get("X"), mat.get("y")
     if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
         raise ConfigError(f"The SVHN file {path} does not hold the arrays X and y.")
@@ -340,7 +340,7 @@ def load_svhn(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Array
             reason = failed or "the download left no .mat files"
         if files is None:
             raise ConfigError(
-                f"SVHN was not found in {_places(searched)}, and {reason}; pass --data-dir pointing at "
+                f"SVHN was not found in {places(searched)}, and {reason}; pass --data-dir pointing at "
                 "the folder that holds train_32x32.mat and test_32x32.mat, or allow the download."
             )
     files_found("SVHN", files["train"].parent)
@@ -393,7 +393,7 @@ def load_cinic10(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Ar
     directory = next((d for d in searched if (d / "train").is_dir() and (d / "test").is_dir()), None)
     if directory is None:
         raise ConfigError(
-            f"CINIC-10 was not found in {_places(searched)} (no train and test folders), and torchvision "
+            f"CINIC-10 was not found in {places(searched)} (no train and test folders), and torchvision "
             f"cannot download it; download it from {CINIC10_URL} and unpack it into {root / 'cinic10'}, "
             "or pass --data-dir."
         )
@@ -413,7 +413,7 @@ def _read_wnids(path: Path) -> list[str]:
     try:
         wnids = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"The Tiny ImageNet file {path} cannot be read ({_one_line(e)}).") from e
+        raise ConfigError(f"The Tiny ImageNet file {path} cannot be read ({one_line(e)}).") from e
     if len(wnids) != TINYIMAGENET_CLASSES or len(set(wnids)) != len(wnids):
         raise ConfigError(
             f"The Tiny ImageNet file {path} lists {len(wnids)} class ids ({len(set(wnids))} distinct), "
@@ -461,7 +461,7 @@ def _tiny_val(directory: Path, wnids: list[str]) -> tuple[np.ndarray, np.ndarray
     try:
         lines = annotations.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"The Tiny ImageNet file {annotations} cannot be read ({_one_line(e)}).") from e
+        raise ConfigError(f"The Tiny ImageNet file {annotations} cannot be read ({one_line(e)}).") from e
     label_of = {w: i for i, w in enumerate(wnids)}
     entries: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
@@ -518,7 +518,7 @@ def load_tinyimagenet(data_dir: str | None, download: bool) -> tuple[ArrayDatase
     directory = next((d for d in searched if (d / "wnids.txt").is_file()), None)
     if directory is None:
         raise ConfigError(
-            f"Tiny ImageNet was not found in {_places(searched)} (no wnids.txt), and torchvision cannot "
+            f"Tiny ImageNet was not found in {places(searched)} (no wnids.txt), and torchvision cannot "
             f"download it; download {TINYIMAGENET_URL} and unzip it into {root}, or pass --data-dir."
         )
     for sub in ("train", "val"):

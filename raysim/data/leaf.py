@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, _one_line, _places, files_found
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, files_found, one_line, places
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _read_leaf_file(path: Path) -> list[tuple[str, np.ndarray, np.ndarray]]:
         with path.open("rb") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ConfigError(f"The FEMNIST file {path} is not readable JSON ({_one_line(e)}).") from e
+        raise ConfigError(f"The FEMNIST file {path} is not readable JSON ({one_line(e)}).") from e
     if not isinstance(data, dict) or not isinstance(data.get("users"), list):
         raise ConfigError(f"The FEMNIST file {path} is not a LEAF file: it has no list users.")
     user_data = data.get("user_data")
@@ -205,7 +205,7 @@ def _find_leaf_dir(root: Path) -> tuple[Path, list[Path], list[Path]]:
             f"leaf/data/femnist ({LEAF_URL}) to make them."
         )
     raise ConfigError(
-        f"FEMNIST was not found in {_places(searched)} (no train and test folders of LEAF json files), "
+        f"FEMNIST was not found in {places(searched)} (no train and test folders of LEAF json files), "
         f"and it cannot be downloaded; run LEAF's {LEAF_COMMAND} in leaf/data/femnist ({LEAF_URL}) "
         "and pass --data-dir pointing at leaf/data (or at leaf/data/femnist/data)."
     )

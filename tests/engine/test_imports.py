@@ -110,3 +110,13 @@ def test_no_import_cycle():
 
 def test_a_cycle_is_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_anothers_private_names():
+    """What a module keeps to itself (``_name``) stays there: one that another needs is public."""
+    offenders = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+                offenders += [f"{name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
+    assert offenders == []

@@ -1,48 +1,19 @@
-"""Suites: a whole table (configurations x seeds) as one command, on Ray Tune.
-
-A :class:`Suite` is a list of named configurations (a paper table's rows), optionally crossed with a
-grid of settings, times seeds; or a search over ranges of settings (any Tune search algorithm and
-scheduler). :func:`run_suite` runs every trial on one Ray cluster with Ray Tune: each trial is one
-raysim experiment inside its own placement group (a head bundle for the trial's driver and server,
-one bundle per client worker with the run's CPU and GPU shares), so trials queue when the cluster is
-full instead of oversubscribing it. A trial runs :func:`raysim.runner.run_experiment` exactly as
-``scripts/run.py`` would, with the same settings, so its numbers are that run's.
-
-The suite directory holds ``suite.yaml`` (the suite), ``runs/<trial>/`` (each trial's run
-directory: Parquet tables, TensorBoard, config, checkpoints), ``tune/`` (Tune's own state, for
-``--resume``), and once the trials are done ``metrics.parquet`` (every trial's rows, with their
-configuration and seed), ``summary.json`` (per configuration the mean and std over seeds of the
-final, best and last-k metrics) and ``report.md`` with curves banded over seeds
-(:mod:`raysim.report`). An interrupted suite (Ctrl-C, a lost driver) is finished by
-:func:`run_suite` with ``resume=True`` (Tune's restore): finished trials are not run again, and the
-ones that were running go on from their raysim checkpoint.
-
-The run directories must be reachable from every node that runs a trial (one machine, or a shared
-file system on a cluster), as the trials write them and the driver collects them.
-"""
+"""A suite's specification: its configurations, grid, seeds and search, read from a file or made
+from flags, and checked before any work (every trial's config, each searched setting at the ends of
+its range, the search algorithm, scheduler and metric); its trials and their experiments."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import logging
-import math
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from raysim.config import ExperimentConfig, load_config_file, set_dotted
 from raysim.errors import ConfigError
-from raysim.metrics import METRICS, MetricHistory
-from raysim.output import BaseCallback
-
-log = logging.getLogger(__name__)
 
 SUITE_FILE = "suite.yaml"
 STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
@@ -509,237 +480,6 @@ def to_yaml(suite: Suite) -> dict[str, Any]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# running a suite on Ray Tune
-
-
-def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
-    """The trial's placement group: a head bundle for its driver and server, one per worker."""
-    worker = {"CPU": cfg.ray.cpus_per_worker, "GPU": cfg.ray.gpus_per_worker}
-    head = {"CPU": driver_cpus} if driver_cpus > 0 else {}
-    return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]
-
-
-def run_trial(params: dict[str, Any]) -> None:
-    """One trial, inside its placement group on the suite's Ray session: the experiment as run.py
-    runs it, reporting every evaluation to Tune; it goes on from its own checkpoint if it has one
-    (a resumed suite)."""
-    from ray import tune
-
-    from raysim import checkpoint as checkpoint_mod
-    from raysim.runner import run_experiment
-
-    t = params["trial"]
-    trial = Trial(t["config"], int(t["seed"]), t["settings"])
-    sampled = params.get("search") or {}
-    name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
-    suite_dir = Path(t["suite_dir"])
-    run_dir = suite_dir / "runs" / name
-    cfg = experiment_config(trial, run_dir, sampled)
-    if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
-        tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
-        return
-    resume = None
-    if (run_dir / checkpoint_mod.CHECKPOINT_FILE).exists():
-        resume = checkpoint_mod.load(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / TRIAL_FILE).write_text(
-        json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
-    )
-    with open(suite_dir / STARTS_FILE, "a") as f:
-        f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
-    run_experiment(cfg, [TuneReporter()], resume=resume)
-
-
-class TuneReporter(BaseCallback):
-    """Reports each evaluated round's metrics to Tune (for its schedulers and searchers)."""
-
-    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        from ray import tune
-
-        tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None})
-
-
-def run_suite(
-    suite: Suite,
-    suite_dir: str | Path,
-    *,
-    resume: bool = False,
-    address: str | None = None,
-    progress: bool = True,
-    max_concurrent: int | None = None,
-) -> dict[str, Any]:
-    """Run (or, with ``resume``, finish) every trial of ``suite`` on one Ray session (local Ray
-    unless ``address`` or RAY_ADDRESS names a cluster), at most ``max_concurrent`` at once (None: as
-    many as fit), then, if the suite pairs its configurations with a baseline at equal compute, the
-    baseline's trials; collect the results; return the summary, with the trials left
-    ``unfinished`` by a Ctrl-C. The trials' datasets are found before Ray starts."""
-    import os
-
-    from raysim.data.loading import check_files
-    from raysim.executors import session
-
-    if max_concurrent is not None and max_concurrent < 1:
-        raise ConfigError(
-            f"--max-concurrent must be at least 1 (leave it out to run as many trials at once as fit), "
-            f"not {max_concurrent}."
-        )
-
-    # Tune's own console table and logger files: our progress line and run directories say it
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # without those loggers Tune's result grid finds no result.json in any trial and warns about
-    # every trial at the end; raysim collects the trials' own tables instead (collect)
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    suite_dir = Path(suite_dir).resolve()
-    if resume and not (suite_dir / SUITE_FILE).is_file():
-        raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
-    if not resume and (suite_dir / SUITE_FILE).exists():
-        raise ConfigError(f"{suite_dir} already holds a suite; --resume it, or give another --out.")
-    configs = [experiment_config(t, suite_dir) for t in trials(suite)]
-    for data in dict.fromkeys(c.data for c in configs):  # each dataset once, before Ray starts
-        check_files(data)
-    suite_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        _write_yaml(suite_dir / SUITE_FILE, to_yaml(suite))
-    base_cfg = configs[0]
-    if address is not None:
-        base_cfg = dataclasses.replace(base_cfg, ray=dataclasses.replace(base_cfg.ray, address=address))
-    started = session.start_ray(base_cfg)
-    try:
-        unfinished = _stage(suite, suite_dir, "tune", trials(suite), progress, max_concurrent)
-        if suite.equal_compute is not None and not unfinished:
-            pairs = equal_compute_trials(suite, suite_dir)
-            unfinished = _stage(suite, suite_dir, "tune-equal-compute", pairs, progress, max_concurrent)
-    finally:
-        if started:
-            session.stop_ray()
-    return {**collect(suite, suite_dir), "unfinished": unfinished}
-
-
-def _stage(
-    suite: Suite, suite_dir: Path, name: str, todo: list[Trial], progress: bool, max_concurrent: int | None
-) -> int:
-    """One Tune experiment over ``todo`` (restored and finished if it was begun); the trials it
-    left unfinished."""
-    from ray import tune
-
-    from raysim.tune_progress import SuiteProgress
-
-    if not todo:
-        return 0
-    trainable = tune.with_resources(
-        run_trial,
-        lambda params: tune.PlacementGroupFactory(
-            trial_resources(
-                experiment_config(Trial("resources", 0, params["trial"]["settings"]), suite_dir),
-                suite.driver_cpus,
-            ),
-            strategy="PACK",
-        ),
-    )
-    tune_dir = suite_dir / name
-    if tune.Tuner.can_restore(str(tune_dir)):  # begun before: finish what is left
-        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        samples = suite.search.samples if suite.search and name == "tune" else 1
-        callbacks: list[tune.Callback] = [SuiteProgress(len(todo) * samples)] if progress else []
-        tuner = tune.Tuner(
-            trainable,
-            param_space=_param_space(suite, suite_dir, todo, main=name == "tune"),
-            tune_config=_tune_config(suite if name == "tune" else dataclasses.replace(suite, search=None), max_concurrent),
-            run_config=tune.RunConfig(
-                name=name,
-                storage_path=str(suite_dir),
-                verbose=0,
-                callbacks=callbacks,
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
-    grid = tuner.fit()
-    if grid.errors:
-        for error in grid.errors:  # bad input found only with the data (an impossible partition)
-            cause = getattr(error, "cause", error)
-            if isinstance(cause, ConfigError):
-                raise ConfigError(str(cause)) from None
-        raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
-    # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
-    # trials it leaves, and its results call them all terminated)
-    return sum(t.status != "TERMINATED" for t in tune.ExperimentAnalysis(str(tune_dir)).trials)
-
-
-def equal_compute_trials(suite: Suite, suite_dir: Path) -> list[Trial]:
-    """The suite's baseline (``equal_compute``) paired with each finished trial: its rounds and local
-    epochs, and the clients a round that make its client-epochs the trial's (from the trial's
-    summary). One baseline trial for each distinct (rounds, clients a round, seed)."""
-    assert suite.equal_compute is not None
-    out: dict[str, Trial] = {}
-    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
-        pair = equal_compute_of(path.parent)
-        if pair is None:
-            continue
-        rounds, per_round, clients = pair
-        ec = suite.equal_compute
-        name = f"{ec.name}_r{rounds}_k{per_round}"
-        settings = {
-            **base_for(suite.base, ec.settings),
-            **ec.settings,
-            "rounds": rounds,
-            "participation": per_round / clients,
-        }
-        seed = int(json.loads(path.read_text())["seed"])
-        out.setdefault(f"{name}-seed{seed}", Trial(name, seed, settings))
-    return list(out.values())
-
-
-def equal_compute_of(run_dir: Path) -> tuple[int, int, int] | None:
-    """(rounds, clients a round, clients) of the run that trains as many client-epochs as the
-    finished run in ``run_dir`` with its rounds and local epochs; None if it is not finished or
-    is itself a baseline."""
-    trial = json.loads((run_dir / TRIAL_FILE).read_text())
-    if trial.get("pair") or not (run_dir / "summary.json").exists():
-        return None
-    summary = json.loads((run_dir / "summary.json").read_text())
-    cfg = yaml_safe_load(run_dir / "config.yaml")
-    rounds, epochs, clients = int(summary["rounds"]), int(cfg["train"]["local_epochs"]), int(cfg["clients"])
-    if rounds == 0 or epochs == 0:
-        return None
-    per_round = round(summary["client_epochs"] / (rounds * epochs))
-    return rounds, max(1, min(clients, per_round)), clients
-
-
-def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -> dict[str, Any]:
-    """Every trial (configuration and seed) as a grid; with a search, the sampled ranges beside."""
-    from ray import tune
-
-    space: dict[str, Any] = {
-        "trial": tune.grid_search(
-            [
-                {
-                    "config": t.config,
-                    "seed": t.seed,
-                    "settings": dict(t.settings),
-                    "suite_dir": str(suite_dir),
-                    "pair": not main,
-                }
-                for t in todo
-            ]
-        )
-    }
-    if suite.search is not None and main:
-        space["search"] = {k: _tune_range(k, v) for k, v in suite.search.space.items()}
-    return space
-
-
-def _tune_range(key: str, text: str) -> Any:
-    from ray import tune
-
-    kind, values = parse_range(key, text)
-    if kind == "choice":
-        return tune.choice(values)
-    return getattr(tune, kind)(*values)
-
-
 def _number(text: str) -> Any:
     for cast in (int, float):
         try:
@@ -749,152 +489,38 @@ def _number(text: str) -> Any:
     return text.strip("'\"")
 
 
-def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
-    from ray import tune
-
-    s = suite.search
-    if s is None:
-        return tune.TuneConfig(max_concurrent_trials=max_concurrent)
-    algorithm = s.algorithm.lower()
-    searcher = tune.search.create_searcher(algorithm, metric=s.metric, mode=s.mode) if algorithm != "random" else None
-    scheduler = None
-    if s.scheduler:
-        kwargs: dict[str, Any] = {"metric": s.metric, "mode": s.mode}
-        scheduler = tune.schedulers.create_scheduler(SCHEDULERS[s.scheduler.lower()], **kwargs)
-    return tune.TuneConfig(
-        num_samples=s.samples,
-        search_alg=searcher,
-        scheduler=scheduler,
-        max_concurrent_trials=max_concurrent,
-    )
-
-
-def _write_yaml(path: Path, data: Mapping[str, Any]) -> None:
+def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
     import yaml
 
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
 
 
-# --------------------------------------------------------------------------------------------------
-# results
-
-
-def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
-    """Every trial's rows into ``metrics.parquet`` (with its configuration, seed and sampled
-    settings), the mean and std over seeds of each configuration's final, best and last-k metrics
-    into ``summary.json``, and ``report.md`` with its plots. Returns the summary."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from raysim.output import replaced_atomically
-
-    settings = {c.name: dict(c.settings) for c in suite.configs}
-    papers = {c.name: c.paper for c in suite.configs}
-    paired: dict[str, set[str]] = {}  # a configuration -> its baselines at equal compute
-    rows: list[dict[str, Any]] = []
-    groups: dict[str, list[dict[str, Any]]] = {}  # a configuration (or, searched, a sample): its runs
-    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
-        run = path.parent
-        if not (run / "metrics.parquet").exists():
-            continue
-        trial = json.loads(path.read_text())
-        group = trial["config"] if not trial["sampled"] else run.name
-        if trial.get("pair"):
-            settings.setdefault(group, {**dict(suite.equal_compute.settings), **_pair_settings(run)} if suite.equal_compute else {})
-            papers.setdefault(group, "")
-        elif group not in settings:
-            settings[group] = {**settings[trial["config"]], **trial["sampled"]}
-            papers[group] = papers[trial["config"]]
-        if suite.equal_compute is not None and (pair := equal_compute_of(run)) is not None:
-            paired.setdefault(group, set()).add(f"{suite.equal_compute.name}_r{pair[0]}_k{pair[1]}")
-        trial_rows = pq.read_table(run / "metrics.parquet").to_pylist()
-        history = MetricHistory(trial_rows)  # also for a trial a scheduler stopped early (no summary.json)
-        last_k = int(yaml_safe_load(run / "config.yaml").get("eval", {}).get("last_k", 5))
-        groups.setdefault(group, []).append(
-            {
-                "seed": trial["seed"],
-                "rounds": trial_rows[-1]["round"] if trial_rows else 0,
-                "final": history.final(),
-                "best": history.best(),
-                "last": history.last(last_k),
-            }
-        )
-        for row in trial_rows:
-            rows.append({"config": group, "seed": trial["seed"], "trial": run.name, **trial["sampled"], **row})
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    with replaced_atomically(suite_dir / "metrics.parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), tmp)
-    configs = [
-        {
-            "config": name,
-            "settings": settings[name],
-            "seeds": sorted(int(r["seed"]) for r in runs),
-            "rounds": sorted({int(r["rounds"]) for r in runs}),
-            "mean": _stat(runs, "final", np.mean),
-            "std": _stat(runs, "final", np.std),
-            "best_mean": _stat(runs, "best", np.mean),
-            "last_mean": _stat(runs, "last", np.mean),
-            "last_std": _stat(runs, "last", np.std),
-            "paper": papers[name],
-            "equal_compute": sorted(paired.get(name, ())),
-        }
-        for name, runs in sorted(groups.items(), key=lambda kv: _order(suite, kv[0]))
-    ]
-    summary = {
-        "suite": suite.name,
-        "suite_dir": str(suite_dir),
-        "trials": sum(len(v) for v in groups.values()),
-        "configs": configs,
-    }
-    with replaced_atomically(suite_dir / "summary.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    from raysim.report import write_suite_report
-
-    write_suite_report(suite_dir)
-    return summary
-
-
-def _pair_settings(run: Path) -> dict[str, Any]:
-    cfg = yaml_safe_load(run / "config.yaml")
-    return {"rounds": cfg.get("rounds"), "participation": cfg.get("participation")}
-
-
-def _order(suite: Suite, group: str) -> tuple[int, str]:
-    """Table order: the suite's configurations as listed (samples of a search after their own)."""
-    names = [c.name for c in suite.configs]
-    for i, name in enumerate(names):
-        if group == name or group.startswith(f"{name}-seed"):
-            return i, group
-    return len(names), group
-
-
-def _stat(runs: list[dict[str, Any]], which: str, fn: Any) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for m in METRICS:
-        vals = [r[which][m] for r in runs if r.get(which, {}).get(m) is not None]
-        out[m] = float(fn(vals)) if vals and not any(math.isnan(v) for v in vals) else None
-    return out
-
-
-def yaml_safe_load(path: Path) -> dict[str, Any]:
-    import yaml
-
-    data = yaml.safe_load(path.read_text()) if path.exists() else {}
-    return data if isinstance(data, dict) else {}
-
-
 __all__ = [
+    "RANGE",
+    "RANGE_FORMS",
+    "SCHEDULERS",
+    "SEARCHERS",
+    "SEARCH_METRICS",
+    "STARTS_FILE",
+    "SUITE_FILE",
+    "TRIAL_FILE",
+    "UNSCHEDULABLE",
     "SearchSpec",
     "Suite",
     "SuiteConfig",
     "Trial",
-    "collect",
+    "base_for",
+    "dotted",
     "expand_grid",
     "experiment_config",
     "load_suite",
     "make_suite",
+    "parse_range",
     "parse_seeds",
-    "run_suite",
-    "run_trial",
+    "range_ends",
+    "setting_key",
+    "to_yaml",
     "trials",
+    "with_references",
+    "write_yaml",
 ]

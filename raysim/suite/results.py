@@ -1,0 +1,140 @@
+"""A suite's results: every trial's rows in ``metrics.parquet``, per configuration the mean and std
+over seeds of the final, best and last-k metrics in ``summary.json``, and ``report.md`` with its
+plots (:mod:`raysim.report`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.metrics import METRICS, MetricHistory
+from raysim.suite.spec import TRIAL_FILE, Suite
+
+
+def equal_compute_of(run_dir: Path) -> tuple[int, int, int] | None:
+    """(rounds, clients a round, clients) of the run that trains as many client-epochs as the
+    finished run in ``run_dir`` with its rounds and local epochs; None if it is not finished or
+    is itself a baseline."""
+    trial = json.loads((run_dir / TRIAL_FILE).read_text())
+    if trial.get("pair") or not (run_dir / "summary.json").exists():
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = yaml_safe_load(run_dir / "config.yaml")
+    rounds, epochs, clients = int(summary["rounds"]), int(cfg["train"]["local_epochs"]), int(cfg["clients"])
+    if rounds == 0 or epochs == 0:
+        return None
+    per_round = round(summary["client_epochs"] / (rounds * epochs))
+    return rounds, max(1, min(clients, per_round)), clients
+
+
+
+
+def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
+    """Every trial's rows into ``metrics.parquet`` (with its configuration, seed and sampled
+    settings), the mean and std over seeds of each configuration's final, best and last-k metrics
+    into ``summary.json``, and ``report.md`` with its plots. Returns the summary."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raysim.output import replaced_atomically
+
+    settings = {c.name: dict(c.settings) for c in suite.configs}
+    papers = {c.name: c.paper for c in suite.configs}
+    paired: dict[str, set[str]] = {}  # a configuration -> its baselines at equal compute
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}  # a configuration (or, searched, a sample): its runs
+    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
+        run = path.parent
+        if not (run / "metrics.parquet").exists():
+            continue
+        trial = json.loads(path.read_text())
+        group = trial["config"] if not trial["sampled"] else run.name
+        if trial.get("pair"):
+            settings.setdefault(group, {**dict(suite.equal_compute.settings), **_pair_settings(run)} if suite.equal_compute else {})
+            papers.setdefault(group, "")
+        elif group not in settings:
+            settings[group] = {**settings[trial["config"]], **trial["sampled"]}
+            papers[group] = papers[trial["config"]]
+        if suite.equal_compute is not None and (pair := equal_compute_of(run)) is not None:
+            paired.setdefault(group, set()).add(f"{suite.equal_compute.name}_r{pair[0]}_k{pair[1]}")
+        trial_rows = pq.read_table(run / "metrics.parquet").to_pylist()
+        history = MetricHistory(trial_rows)  # also for a trial a scheduler stopped early (no summary.json)
+        last_k = int(yaml_safe_load(run / "config.yaml").get("eval", {}).get("last_k", 5))
+        groups.setdefault(group, []).append(
+            {
+                "seed": trial["seed"],
+                "rounds": trial_rows[-1]["round"] if trial_rows else 0,
+                "final": history.final(),
+                "best": history.best(),
+                "last": history.last(last_k),
+            }
+        )
+        for row in trial_rows:
+            rows.append({"config": group, "seed": trial["seed"], "trial": run.name, **trial["sampled"], **row})
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with replaced_atomically(suite_dir / "metrics.parquet") as tmp:
+        pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), tmp)
+    configs = [
+        {
+            "config": name,
+            "settings": settings[name],
+            "seeds": sorted(int(r["seed"]) for r in runs),
+            "rounds": sorted({int(r["rounds"]) for r in runs}),
+            "mean": _stat(runs, "final", np.mean),
+            "std": _stat(runs, "final", np.std),
+            "best_mean": _stat(runs, "best", np.mean),
+            "last_mean": _stat(runs, "last", np.mean),
+            "last_std": _stat(runs, "last", np.std),
+            "paper": papers[name],
+            "equal_compute": sorted(paired.get(name, ())),
+        }
+        for name, runs in sorted(groups.items(), key=lambda kv: _order(suite, kv[0]))
+    ]
+    summary = {
+        "suite": suite.name,
+        "suite_dir": str(suite_dir),
+        "trials": sum(len(v) for v in groups.values()),
+        "configs": configs,
+    }
+    with replaced_atomically(suite_dir / "summary.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    from raysim.report import write_suite_report
+
+    write_suite_report(suite_dir)
+    return summary
+
+
+def _pair_settings(run: Path) -> dict[str, Any]:
+    cfg = yaml_safe_load(run / "config.yaml")
+    return {"rounds": cfg.get("rounds"), "participation": cfg.get("participation")}
+
+
+def _order(suite: Suite, group: str) -> tuple[int, str]:
+    """Table order: the suite's configurations as listed (samples of a search after their own)."""
+    names = [c.name for c in suite.configs]
+    for i, name in enumerate(names):
+        if group == name or group.startswith(f"{name}-seed"):
+            return i, group
+    return len(names), group
+
+
+def _stat(runs: list[dict[str, Any]], which: str, fn: Any) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for m in METRICS:
+        vals = [r[which][m] for r in runs if r.get(which, {}).get(m) is not None]
+        out[m] = float(fn(vals)) if vals and not any(math.isnan(v) for v in vals) else None
+    return out
+
+
+def yaml_safe_load(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    return data if isinstance(data, dict) else {}
+
+
+__all__ = ["collect", "equal_compute_of", "yaml_safe_load"]

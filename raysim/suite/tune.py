@@ -1,0 +1,269 @@
+"""Running a suite on Ray Tune: each trial one raysim experiment inside its own placement group (a
+head bundle for its driver and server, one bundle per client worker), restored and finished by
+``resume``; a search's ranges sampled by Tune's search algorithms and schedulers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from raysim.config import ExperimentConfig
+from raysim.errors import ConfigError
+from raysim.output import BaseCallback
+from raysim.suite.results import collect, equal_compute_of
+from raysim.suite.spec import (
+    SCHEDULERS,
+    STARTS_FILE,
+    SUITE_FILE,
+    TRIAL_FILE,
+    Suite,
+    Trial,
+    base_for,
+    experiment_config,
+    parse_range,
+    to_yaml,
+    trials,
+    write_yaml,
+)
+
+log = logging.getLogger(__name__)
+
+
+
+
+def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
+    """The trial's placement group: a head bundle for its driver and server, one per worker."""
+    worker = {"CPU": cfg.ray.cpus_per_worker, "GPU": cfg.ray.gpus_per_worker}
+    head = {"CPU": driver_cpus} if driver_cpus > 0 else {}
+    return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]
+
+
+def run_trial(params: dict[str, Any]) -> None:
+    """One trial, inside its placement group on the suite's Ray session: the experiment as run.py
+    runs it, reporting every evaluation to Tune; it goes on from its own checkpoint if it has one
+    (a resumed suite)."""
+    from ray import tune
+
+    from raysim import checkpoint as checkpoint_mod
+    from raysim.runner import run_experiment
+
+    t = params["trial"]
+    trial = Trial(t["config"], int(t["seed"]), t["settings"])
+    sampled = params.get("search") or {}
+    name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
+    suite_dir = Path(t["suite_dir"])
+    run_dir = suite_dir / "runs" / name
+    cfg = experiment_config(trial, run_dir, sampled)
+    if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
+        tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
+        return
+    resume = None
+    if (run_dir / checkpoint_mod.CHECKPOINT_FILE).exists():
+        resume = checkpoint_mod.load(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / TRIAL_FILE).write_text(
+        json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
+    )
+    with open(suite_dir / STARTS_FILE, "a") as f:
+        f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
+    run_experiment(cfg, [TuneReporter()], resume=resume)
+
+
+class TuneReporter(BaseCallback):
+    """Reports each evaluated round's metrics to Tune (for its schedulers and searchers)."""
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        from ray import tune
+
+        tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and v is not None})
+
+
+def run_suite(
+    suite: Suite,
+    suite_dir: str | Path,
+    *,
+    resume: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+    max_concurrent: int | None = None,
+) -> dict[str, Any]:
+    """Run (or, with ``resume``, finish) every trial of ``suite`` on one Ray session (local Ray
+    unless ``address`` or RAY_ADDRESS names a cluster), at most ``max_concurrent`` at once (None: as
+    many as fit), then, if the suite pairs its configurations with a baseline at equal compute, the
+    baseline's trials; collect the results; return the summary, with the trials left
+    ``unfinished`` by a Ctrl-C. The trials' datasets are found before Ray starts."""
+    import os
+
+    from raysim.data.loading import check_files
+    from raysim.executors import session
+
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ConfigError(
+            f"--max-concurrent must be at least 1 (leave it out to run as many trials at once as fit), "
+            f"not {max_concurrent}."
+        )
+
+    # Tune's own console table and logger files: our progress line and run directories say it
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # without those loggers Tune's result grid finds no result.json in any trial and warns about
+    # every trial at the end; raysim collects the trials' own tables instead (collect)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    suite_dir = Path(suite_dir).resolve()
+    if resume and not (suite_dir / SUITE_FILE).is_file():
+        raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
+    if not resume and (suite_dir / SUITE_FILE).exists():
+        raise ConfigError(f"{suite_dir} already holds a suite; --resume it, or give another --out.")
+    configs = [experiment_config(t, suite_dir) for t in trials(suite)]
+    for data in dict.fromkeys(c.data for c in configs):  # each dataset once, before Ray starts
+        check_files(data)
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        write_yaml(suite_dir / SUITE_FILE, to_yaml(suite))
+    base_cfg = configs[0]
+    if address is not None:
+        base_cfg = dataclasses.replace(base_cfg, ray=dataclasses.replace(base_cfg.ray, address=address))
+    started = session.start_ray(base_cfg)
+    try:
+        unfinished = _stage(suite, suite_dir, "tune", trials(suite), progress, max_concurrent)
+        if suite.equal_compute is not None and not unfinished:
+            pairs = equal_compute_trials(suite, suite_dir)
+            unfinished = _stage(suite, suite_dir, "tune-equal-compute", pairs, progress, max_concurrent)
+    finally:
+        if started:
+            session.stop_ray()
+    return {**collect(suite, suite_dir), "unfinished": unfinished}
+
+
+def _stage(
+    suite: Suite, suite_dir: Path, name: str, todo: list[Trial], progress: bool, max_concurrent: int | None
+) -> int:
+    """One Tune experiment over ``todo`` (restored and finished if it was begun); the trials it
+    left unfinished."""
+    from ray import tune
+
+    from raysim.tune_progress import SuiteProgress
+
+    if not todo:
+        return 0
+    trainable = tune.with_resources(
+        run_trial,
+        lambda params: tune.PlacementGroupFactory(
+            trial_resources(
+                experiment_config(Trial("resources", 0, params["trial"]["settings"]), suite_dir),
+                suite.driver_cpus,
+            ),
+            strategy="PACK",
+        ),
+    )
+    tune_dir = suite_dir / name
+    if tune.Tuner.can_restore(str(tune_dir)):  # begun before: finish what is left
+        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        samples = suite.search.samples if suite.search and name == "tune" else 1
+        callbacks: list[tune.Callback] = [SuiteProgress(len(todo) * samples)] if progress else []
+        tuner = tune.Tuner(
+            trainable,
+            param_space=_param_space(suite, suite_dir, todo, main=name == "tune"),
+            tune_config=_tune_config(suite if name == "tune" else dataclasses.replace(suite, search=None), max_concurrent),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(suite_dir),
+                verbose=0,
+                callbacks=callbacks,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    grid = tuner.fit()
+    if grid.errors:
+        for error in grid.errors:  # bad input found only with the data (an impossible partition)
+            cause = getattr(error, "cause", error)
+            if isinstance(cause, ConfigError):
+                raise ConfigError(str(cause)) from None
+        raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
+    # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
+    # trials it leaves, and its results call them all terminated)
+    return sum(t.status != "TERMINATED" for t in tune.ExperimentAnalysis(str(tune_dir)).trials)
+
+
+def equal_compute_trials(suite: Suite, suite_dir: Path) -> list[Trial]:
+    """The suite's baseline (``equal_compute``) paired with each finished trial: its rounds and local
+    epochs, and the clients a round that make its client-epochs the trial's (from the trial's
+    summary). One baseline trial for each distinct (rounds, clients a round, seed)."""
+    assert suite.equal_compute is not None
+    out: dict[str, Trial] = {}
+    for path in sorted((suite_dir / "runs").glob(f"*/{TRIAL_FILE}")):
+        pair = equal_compute_of(path.parent)
+        if pair is None:
+            continue
+        rounds, per_round, clients = pair
+        ec = suite.equal_compute
+        name = f"{ec.name}_r{rounds}_k{per_round}"
+        settings = {
+            **base_for(suite.base, ec.settings),
+            **ec.settings,
+            "rounds": rounds,
+            "participation": per_round / clients,
+        }
+        seed = int(json.loads(path.read_text())["seed"])
+        out.setdefault(f"{name}-seed{seed}", Trial(name, seed, settings))
+    return list(out.values())
+
+
+def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -> dict[str, Any]:
+    """Every trial (configuration and seed) as a grid; with a search, the sampled ranges beside."""
+    from ray import tune
+
+    space: dict[str, Any] = {
+        "trial": tune.grid_search(
+            [
+                {
+                    "config": t.config,
+                    "seed": t.seed,
+                    "settings": dict(t.settings),
+                    "suite_dir": str(suite_dir),
+                    "pair": not main,
+                }
+                for t in todo
+            ]
+        )
+    }
+    if suite.search is not None and main:
+        space["search"] = {k: _tune_range(k, v) for k, v in suite.search.space.items()}
+    return space
+
+
+def _tune_range(key: str, text: str) -> Any:
+    from ray import tune
+
+    kind, values = parse_range(key, text)
+    if kind == "choice":
+        return tune.choice(values)
+    return getattr(tune, kind)(*values)
+
+
+def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
+    from ray import tune
+
+    s = suite.search
+    if s is None:
+        return tune.TuneConfig(max_concurrent_trials=max_concurrent)
+    algorithm = s.algorithm.lower()
+    searcher = tune.search.create_searcher(algorithm, metric=s.metric, mode=s.mode) if algorithm != "random" else None
+    scheduler = None
+    if s.scheduler:
+        kwargs: dict[str, Any] = {"metric": s.metric, "mode": s.mode}
+        scheduler = tune.schedulers.create_scheduler(SCHEDULERS[s.scheduler.lower()], **kwargs)
+    return tune.TuneConfig(
+        num_samples=s.samples,
+        search_alg=searcher,
+        scheduler=scheduler,
+        max_concurrent_trials=max_concurrent,
+    )
+
+
+__all__ = ["TuneReporter", "equal_compute_trials", "run_suite", "run_trial", "trial_resources"]
