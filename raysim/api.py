@@ -181,38 +181,32 @@ def sweep(
     values, a tuple one value, e.g. a shape; a text such as ``"loguniform(1e-3, 0.1)"`` a range for
     ``search``); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``; ``search``, ``samples``, ``scheduler``,
     ``metric`` and ``mode`` as the command's flags."""
-    from raysim.sweep_cli import run_from_args, suite_dir_of, suite_from_args
+    from raysim.suite import RANGE, default_suite_dir, run_suite, setting_key, suite_of
 
-    argv: list[str] = [str(suite)] if suite is not None else []
-    if seeds is not None:
-        argv += ["--seeds", seeds if isinstance(seeds, str) else ",".join(str(s) for s in seeds)]
-    options = {
-        "name": name, "max-concurrent": max_concurrent, "search": search, "samples": samples,
-        "scheduler": scheduler, "metric": metric, "mode": mode,
-    }  # fmt: skip
-    for option, value in options.items():
-        if value is not None:
-            argv += [f"--{option}", str(value)]
-    if not progress:
-        argv.append("--no-progress")
     keys = flag_keys()
     settings = settings_of(set)
     for key, value in flags.items():
         if key not in keys:
             raise ConfigError(f"Unknown setting {key!r} (known: {', '.join(sorted(keys))}, and set={{...}}).")
         settings[keys[key]] = value
+    base: dict[str, Any] = {}
+    grid: dict[str, list[Any]] = {}
+    space: dict[str, str] = {}
     for key, value in settings.items():
+        key = setting_key(key)
         if isinstance(value, list):  # a grid over the values
-            text = ",".join(str(v) for v in value)
-        elif isinstance(value, tuple):  # one value that is a sequence, e.g. a shape
-            text = "[" + ",".join(str(v) for v in value) + "]"
-        else:
-            text = str(value)
-        argv += ["--set", f"{key}={text}"]
-    if out is not None:
-        argv += ["--out", str(out)]
-    parsed, resume_dir, args = suite_from_args(argv)
-    summary = run_from_args(parsed, resume_dir, args, suite_dir_of(parsed, resume_dir, args))
+            grid[key] = value
+        elif isinstance(value, str) and RANGE.match(value):  # a range for the search
+            space[key] = value
+        else:  # one value (a tuple too, e.g. a shape)
+            base[key] = list(value) if isinstance(value, tuple) else value
+    built = suite_of(
+        Path(suite) if suite is not None else None, base=base, grid=grid, space=space, seeds=seeds, name=name, search=search,
+        samples=4 if samples is None else samples, scheduler=scheduler, metric=metric or "gm_gtest",
+        mode=mode or "max",
+    )  # fmt: skip
+    suite_dir = Path(out) if out is not None else default_suite_dir(built)
+    summary = run_suite(built, suite_dir, progress=progress, max_concurrent=max_concurrent)
     return load_suite_result(summary["suite_dir"])
 
 

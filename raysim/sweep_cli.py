@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,17 +75,11 @@ def _split(text: str) -> list[str]:
 
 
 def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Namespace]:
-    """The suite the command line asks for and, with ``--resume``, its directory."""
+    """The suite the command line asks for and, with ``--resume``, its directory: the flags read
+    as settings (a value with commas a grid, a range for a search) and given to the same
+    :func:`raysim.suite.spec.suite_of` that ``raysim.sweep`` calls."""
     from raysim.flags import FLAGS
-    from raysim.suite import (
-        RANGE,
-        SearchSpec,
-        load_suite,
-        make_suite,
-        parse_seeds,
-        setting_key,
-        to_yaml,
-    )
+    from raysim.suite import RANGE, load_suite, setting_key, suite_of
 
     argv = list(argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -123,49 +116,19 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
             grid[key] = values
         else:
             base[key] = values[0] if values else value
-    if space and not args.search:
-        raise ConfigError(f"{next(iter(space))} is given a range; name a search with --search (e.g. random).")
-    if args.search and not space:
-        raise ConfigError("--search needs a range for at least one setting, e.g. --set 'train.lr=loguniform(0.001,0.1)'.")
-    search = (
-        SearchSpec(space, args.search, args.samples, args.scheduler, args.metric, args.mode) if args.search else None
-    )
-    if args.suite_file:
-        file_suite = load_suite(args.suite_file)
-        data = to_yaml(file_suite)
-        return (
-            make_suite(
-                name=args.name or data["name"],
-                base={**data["base"], **base},
-                configs=file_suite.configs,
-                grid=grid,
-                seeds=parse_seeds(args.seeds) if args.seeds else file_suite.seeds,
-                search=search or file_suite.search,
-                driver_cpus=args.driver_cpus if args.driver_cpus is not None else file_suite.driver_cpus,
-                description=file_suite.description,
-                equal_compute=file_suite.equal_compute,
-            ),
-            None,
-            args,
-        )
-    return (
-        make_suite(
-            name=args.name or "sweep",
-            base=base,
-            configs=[],
-            grid=grid,
-            seeds=parse_seeds(args.seeds or "0"),
-            search=search,
-            driver_cpus=args.driver_cpus or 0.0,
-        ),
-        None,
-        args,
-    )
+    suite = suite_of(
+        args.suite_file, base=base, grid=grid, space=space, seeds=args.seeds, name=args.name,
+        search=args.search, samples=args.samples, scheduler=args.scheduler, metric=args.metric,
+        mode=args.mode, driver_cpus=args.driver_cpus,
+    )  # fmt: skip
+    return suite, None, args
 
 
 def suite_dir_of(suite: Any, resume_dir: Path | None, args: argparse.Namespace) -> Path:
     """Where the suite's directory is: the resumed one, ``--out``, or runs/suite-NAME-TIME."""
-    return resume_dir or Path(args.out or f"runs/suite-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from raysim.suite import default_suite_dir
+
+    return resume_dir or (Path(args.out) if args.out else default_suite_dir(suite))
 
 
 def run_from_args(suite: Any, resume_dir: Path | None, args: argparse.Namespace, suite_dir: Path) -> dict[str, Any]:

@@ -300,6 +300,56 @@ def make_suite(
     return suite
 
 
+def suite_of(
+    suite_file: str | Path | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    space: Mapping[str, str] | None = None,
+    seeds: str | int | Sequence[int] | None = None,
+    name: str | None = None,
+    search: str | None = None,
+    samples: int = 4,
+    scheduler: str | None = None,
+    metric: str = "gm_gtest",
+    mode: str = "max",
+    driver_cpus: float | None = None,
+) -> Suite:
+    """The suite a suite file (or none) with these settings over every trial gives, checked: what
+    ``scripts/sweep.py`` and ``raysim.sweep`` both build. ``base``: one value per dotted setting;
+    ``grid``: several, each a configuration; ``space``: a range per setting, sampled by the
+    ``search`` algorithm (``samples`` times, under ``scheduler``, optimising ``metric`` in
+    ``mode``). The file's settings go beneath these."""
+    base, grid, space = dict(base or {}), dict(grid or {}), dict(space or {})
+    if space and not search:
+        raise ConfigError(f"{next(iter(space))} is given a range; name a search with --search (e.g. random).")
+    if search and not space:
+        raise ConfigError("--search needs a range for at least one setting, e.g. --set 'train.lr=loguniform(0.001,0.1)'.")
+    spec = SearchSpec(space, search, samples, scheduler, metric, mode) if search else None
+    if suite_file is None:
+        return make_suite(
+            name=name or "sweep",
+            base=base,
+            configs=[],
+            grid=grid,
+            seeds=parse_seeds(seeds if seeds is not None else 0),
+            search=spec,
+            driver_cpus=driver_cpus or 0.0,
+        )
+    file_suite = load_suite(suite_file)
+    return make_suite(
+        name=name or file_suite.name,
+        base={**file_suite.base, **base},
+        configs=file_suite.configs,
+        grid=grid,
+        seeds=parse_seeds(seeds) if seeds is not None else file_suite.seeds,
+        search=spec or file_suite.search,
+        driver_cpus=driver_cpus if driver_cpus is not None else file_suite.driver_cpus,
+        description=file_suite.description,
+        equal_compute=file_suite.equal_compute,
+    )
+
+
 def parse_range(key: str, text: str) -> tuple[str, list[Any]]:
     """A searched setting's range: its kind and its values (numbers; a choice's may be words),
     checked: two bounds, the low one below the high one, positive for ``loguniform``, whole
@@ -489,6 +539,13 @@ def _number(text: str) -> Any:
     return text.strip("'\"")
 
 
+def default_suite_dir(suite: Suite) -> Path:
+    """Where a suite goes when no directory is named: ``runs/suite-NAME-TIME``."""
+    import time
+
+    return Path(f"runs/suite-{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
     import yaml
 
@@ -510,6 +567,7 @@ __all__ = [
     "SuiteConfig",
     "Trial",
     "base_for",
+    "default_suite_dir",
     "dotted",
     "expand_grid",
     "experiment_config",
@@ -519,6 +577,7 @@ __all__ = [
     "parse_seeds",
     "range_ends",
     "setting_key",
+    "suite_of",
     "to_yaml",
     "trials",
     "with_references",
