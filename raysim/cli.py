@@ -20,7 +20,7 @@ from typing import Any
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted
 from raysim.errors import ConfigError, RunAborted
 from raysim.experiment import resolve_config, validate
-from raysim.flags import FLAGS, Parser, help_texts
+from raysim.flags import Parser, add_setting_flags, given_settings
 
 log = logging.getLogger("raysim")
 
@@ -47,26 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="go on with the stopped run in RUN_DIR from its checkpoint, to its configured rounds "
         "(only where and how it runs, and --rounds, may be changed)",
     )
-    helps = help_texts()
-    for name, (_, typ, _) in FLAGS.items():
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=str,
-            default=None,
-            help=helps[name],
-            metavar=typ.__name__.upper(),
-        )
-    p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
-    p.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
+    add_setting_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any setting, e.g. train.momentum=0.5 or algo.mu=0.1",
-    )
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -79,22 +61,9 @@ def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
     """The experiment the command line asks for, and the run directory to resume if ``--resume``
     (then the experiment is the stopped run's, with the changes a resumed run allows)."""
     args = build_parser().parse_args(argv)
-    given: list[tuple[str, Any]] = []
-    for name, (key, _, _) in FLAGS.items():
-        value = getattr(args, name)
-        if value is not None:
-            given.append((key, value))
-    if args.no_download:
-        given.append(("data.download", False))
-    if args.no_tensorboard:
-        given.append(("output.tensorboard", False))
+    given = given_settings(args)
     if args.no_progress:
         given.append(("output.progress", False))
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
-        given.append((key.strip(), value.strip()))
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config; --config cannot be given with it.")

@@ -29,12 +29,14 @@ from raysim.errors import ConfigError
 
 log = logging.getLogger("raysim")
 
+#: a trial's own run directory and seed, and its executor (always Ray): no flags of a suite's
+TRIALS_OWN = ("out", "seed", "executor")
+
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from raysim.flags import FLAGS, Parser, help_texts
+    from raysim.flags import Parser, add_setting_flags
 
-    run_help = help_texts()
     p = Parser(prog="sweep.py", description="Run a suite of raysim experiments on Ray Tune.")
     p.add_argument("suite_file", nargs="?", help="a suite file (YAML or TOML): base, configs, grid, seeds")
     p.add_argument("--resume", metavar="SUITE_DIR", help="finish the interrupted suite in SUITE_DIR")
@@ -50,19 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, help="trials at once at most (default: as many as fit)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
-    for name, (_, typ, _) in FLAGS.items():
-        if name in ("out", "seed", "executor"):  # a trial's own directory and seed; always on Ray
-            continue
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            default=None,
-            metavar=typ.__name__.upper(),
-            help=f"{run_help.get(name, '')} (a,b: a grid over these values)",
-        )
-    p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
-    p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard events in the trials' run directories")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE[,VALUE...]")
+    add_setting_flags(p, skip=TRIALS_OWN, grid=True)
     return p
 
 
@@ -78,7 +68,7 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
     """The suite the command line asks for and, with ``--resume``, its directory: the flags read
     as settings (a value with commas a grid, a range for a search) and given to the same
     :func:`raysim.suite.spec.suite_of` that ``raysim.sweep`` calls."""
-    from raysim.flags import FLAGS
+    from raysim.flags import given_settings
     from raysim.suite import RANGE, load_suite, setting_key, suite_of
 
     argv = list(argv)
@@ -90,24 +80,14 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
         if not (suite_dir / "suite.yaml").is_file():
             raise ConfigError(f"{suite_dir} is not a suite directory (it has no suite.yaml).")
         return load_suite(suite_dir / "suite.yaml"), suite_dir, args
-    given: list[tuple[str, str]] = []
-    for name, (key, _, _) in FLAGS.items():
-        value = getattr(args, name, None)
-        if value is not None and name != "address":  # the suite's cluster, not a trial's setting
-            given.append((key, value))
-    if args.no_download:
-        given.append(("data.download", "false"))
-    if args.no_tensorboard:
-        given.append(("output.tensorboard", "false"))
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set takes KEY=VALUE, not {item!r}.")
-        given.append((setting_key(key.strip()), value.strip()))
     base: dict[str, Any] = {}
     grid: dict[str, list[Any]] = {}
     space: dict[str, str] = {}
-    for key, value in given:
+    for key, value in given_settings(args, skip=("address",)):  # --address: the suite's cluster
+        key = setting_key(key)
+        if not isinstance(value, str):  # a --no-* switch
+            base[key] = value
+            continue
         if RANGE.match(value):
             space[key] = value
             continue
