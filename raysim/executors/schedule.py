@@ -54,13 +54,10 @@ class JobsCall:
 
 
 @dataclass(frozen=True)
-class BatchCall:
-    """A batch of planned jobs (``chains``, their clients) trained together; ``pinned``: its
-    clients' memories live on their home workers (brought here first, sent home after)."""
+class OneSegmentCall:
+    """A call that runs one segment on its worker."""
 
     member: Member
-    chains: tuple[tuple[int, ...], ...]
-    pinned: bool
 
     @property
     def worker(self) -> int:
@@ -72,18 +69,17 @@ class BatchCall:
 
 
 @dataclass(frozen=True)
-class ChainCall:
+class BatchCall(OneSegmentCall):
+    """A batch of planned jobs (``chains``, their clients) trained together; ``pinned``: its
+    clients' memories live on their home workers (brought here first, sent home after)."""
+
+    chains: tuple[tuple[int, ...], ...]
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class ChainCall(OneSegmentCall):
     """A later segment of a chain, starting from the result of the segment before it."""
-
-    member: Member
-
-    @property
-    def worker(self) -> int:
-        return self.member.worker
-
-    @property
-    def members(self) -> tuple[Member, ...]:
-        return (self.member,)
 
 
 Call = JobsCall | BatchCall | ChainCall
