@@ -201,9 +201,9 @@ def sweep(
         else:  # one value (a tuple too, e.g. a shape)
             base[key] = list(value) if isinstance(value, tuple) else value
     built = suite_of(
-        Path(suite) if suite is not None else None, base=base, grid=grid, space=space, seeds=seeds, name=name, search=search,
-        samples=4 if samples is None else samples, scheduler=scheduler, metric=metric or "gm_gtest",
-        mode=mode or "max",
+        Path(suite) if suite is not None else None, base=base, grid=grid, space=space, seeds=seeds,
+        name=name, search=search, samples=4 if samples is None else samples, scheduler=scheduler,
+        metric=metric or "gm_gtest", mode=mode or "max",
     )  # fmt: skip
     suite_dir = Path(out) if out is not None else default_suite_dir(built)
     summary = run_suite(built, suite_dir, progress=progress, max_concurrent=max_concurrent)
