@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import register
-from algorithms.feddrplus import FrozenHead, GlobalEval
+from algorithms.frozen_head import FrozenHead, GlobalEval
 from raysim.finetune import FineTune
 from raysim.weights import BODY
 from raysim.wire import ServerContext, WeightsPayload

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, register
-from algorithms.feddrplus import drplus_setup, etf_classifier
+from algorithms.frozen_head import drplus_setup, etf_classifier
 from raysim import rng
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError

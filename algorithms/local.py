@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from algorithms.base import register
-from algorithms.feddrplus import check_etf_fits, dr_loss, etf_classifier
+from algorithms.frozen_head import check_etf_fits, dr_loss, etf_classifier
 from algorithms.personal import Pass, SharedAndPersonal
 from raysim import rng
 from raysim.registry import MODELS, dataset_info

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from algorithms.base import register
-from algorithms.feddrplus import FrozenHead, GlobalEval, drplus_setup
+from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup
 from raysim import rng
 from raysim.errors import ConfigError
 from raysim.finetune import FineTune

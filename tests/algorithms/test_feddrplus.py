@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.feddrplus import dr_loss, etf_classifier
+from algorithms.frozen_head import dr_loss, etf_classifier
 from raysim.errors import ConfigError
 from raysim.executors.serial import SerialExecutor
 from raysim.experiment import validate as check_config
