@@ -13,7 +13,7 @@ stationary point of its members' joint objective but some members are not.
   a cluster of more than ``min_cluster_size`` clients, from round ``start_round`` on.
 - The split: alpha_ij = <Delta_i, Delta_j> / (||Delta_i|| ||Delta_j||), and the bipartition
   c1, c2 = argmin max_{i in c1, j in c2} alpha_ij (complete-linkage clustering of -alpha into two,
-  :func:`raysim.clustering.bipartition`). Each child starts from theta_c, moved by its own
+  :func:`algorithms.clustering.bipartition`). Each child starts from theta_c, moved by its own
   participants' mean update of the round. gamma_max = sqrt((1 - max cross alpha) / 2), the paper's
   measure of how well a split separates the two sides, is logged as ``cfl_gamma_max``.
 - Scalars every round: ``cfl_mean_norm`` and ``cfl_max_norm``, the largest over the clusters that
@@ -39,7 +39,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.clustered import ClusteredFL, ClusterState
-from raysim.clustering import assignment, bipartition, cosine_similarity
+from algorithms.clustering import assignment, bipartition, cosine_similarity
 from raysim.errors import ConfigError
 from raysim.weights import ModelWeights
 from raysim.wire import JobResult

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm
+from algorithms.clustering import Clusters, agglomerative, assignment, describe
 from algorithms.fedavg import train_global_parts
 from raysim.aggregate import weighted_mean
-from raysim.clustering import Clusters, agglomerative, assignment, describe
 from raysim.executors.batching import Batching
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload

@@ -5,7 +5,7 @@ Network (Fig. 2): extractor W_e, filter W_i, G-head W_g and P-head W_p (``SplitM
 ``extractor``, ``filter``, ``head``, ``phead``).
 
 Phase 1 (rounds 1..T1) trains W = {W_e, W_i, W_g} with cross-entropy on the G-head.
-- Type-A coordinators (Eq. 5, :func:`raysim.grouping.type_a_grouping`), made once before round 1.
+- Type-A coordinators (Eq. 5, :func:`algorithms.grouping.type_a_grouping`), made once before round 1.
 - Each coordinator trains its clients one after another on one model, in a seeded random order
   (Eq. 6-7): a chain job. Coordinators run in parallel.
 - Who trains in a coordinator's chain each round is where the paper is open (Step 3 says "all the
@@ -43,7 +43,7 @@ Phase 1 (rounds 1..T1) trains W = {W_e, W_i, W_g} with cross-entropy on the G-he
 - The phase-1 W is the global model GM.
 
 Phase 2 (rounds T1+1..T) trains filters and P-heads; W_e and W_g stay frozen at their phase-1 values.
-- Type-B groups (Eq. 10, :func:`raysim.grouping.type_b_grouping`).
+- Type-B groups (Eq. 10, :func:`algorithms.grouping.type_b_grouping`).
 - Each group's filter and each client's P-head start freshly initialised (seeded); the learning rate
   starts again from its initial value.
 - Sampled clients train filter + P-head (cross-entropy on P-head(filter(extractor(x))), Eq. 12-13);
@@ -79,12 +79,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from algorithms.base import Algorithm, register
+from algorithms.grouping import Grouping, group_kl, type_a_grouping, type_b_grouping
 from raysim import rng
 from raysim.aggregate import apply_updates, average_uploads, subtract, weighted_mean
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
-from raysim.grouping import Grouping, group_kl, type_a_grouping, type_b_grouping
 from raysim.registry import DatasetInfo
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload

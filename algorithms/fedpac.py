@@ -18,7 +18,7 @@ Client round, given the global theta, the global centroids c and its own phi_i:
 5. Upload theta_i, phi_i, the class means and counts, and (p_i, H_i, V_i).
 
 Server: theta <- sum n_i theta_i / sum n_i; c_k = sum_i n_ik mu_ik / sum_i n_ik over the round's uploads;
-for each sampled client i, alpha_i from :mod:`raysim.collaboration` (classifier collaboration, CC;
+for each sampled client i, alpha_i from :mod:`algorithms.collaboration` (classifier collaboration, CC;
 ``combine=false`` keeps alpha_i = e_i) and client i's new head sum_j alpha_ij phi_j, which is its head
 from then on (evaluated at once, as the authors' code does, and sent with its next job).
 LM = global theta + the client's head; there is no global model (``gm_*`` null). With partial
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, register
+from algorithms.collaboration import combination_weights
 from raysim.aggregate import weighted_mean
-from raysim.collaboration import combination_weights
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, weighted_means

@@ -38,7 +38,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.clustered import ClusterState, OneShotClustered
-from raysim.clustering import Linkage
+from algorithms.clustering import Linkage
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult

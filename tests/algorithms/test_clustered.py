@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from raysim.clustering import agglomerative, assignment, bipartition, cosine_similarity
+from algorithms.clustering import agglomerative, assignment, bipartition, cosine_similarity
 from raysim.executors.serial import SerialExecutor
 from raysim.runner import prepare, run_experiment
 from raysim.weights import ModelWeights

@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from algorithms.grouping import group_kl
 from raysim import rng
 from raysim.context import ClientContext
 from raysim.errors import ConfigError
 from raysim.experiment import validate
-from raysim.grouping import group_kl
 from raysim.models import parameter_views
 from raysim.runner import run_experiment
 from raysim.train import SGDConfig, local_train

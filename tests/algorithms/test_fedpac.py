@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.collaboration import collaboration_matrix, combination_weights, repair_psd, solve_weights
+from algorithms.collaboration import collaboration_matrix, combination_weights, repair_psd, solve_weights
 from raysim.executors.serial import SerialExecutor
 from raysim.runner import prepare
 from raysim.weights import BODY

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.config import DataConfig, SyntheticConfig
-from raysim.data import build_federated_data
-from raysim.grouping import (
+from algorithms.grouping import (
     js_divergence_matrix,
     kl_divergence,
     type_a_grouping,
@@ -15,6 +13,8 @@ from raysim.grouping import (
     type_b_grouping,
     type_b_objective,
 )
+from raysim.config import DataConfig, SyntheticConfig
+from raysim.data import build_federated_data
 
 
 @pytest.fixture(scope="module")
