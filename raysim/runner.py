@@ -217,7 +217,8 @@ def run_experiment(
             log.info("resumed after round %d of %d", resume.round, cfg.rounds)
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
-        first = last_round + 1 if resume else (0 if algorithm_class(cfg.algo).prologue else 1)
+        algo_cls = algorithm_class(cfg.algo)
+        first = last_round + 1 if resume else (0 if algo_cls.prologue else 1)
         startup = time.time() - origin
         with StopRequest() as stop:
             for rnd in range(first, cfg.rounds + 1):
@@ -226,7 +227,7 @@ def run_experiment(
                     stats = executor.train_round(0, list(range(cfg.clients)))
                     totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
                 else:
-                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals)
+                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, algo_cls.epilogue)
                 executor.end_round(rnd)
                 last_round = rnd
                 every = cfg.output.checkpoint_every
@@ -272,14 +273,15 @@ def _one_round(
     rows: list[dict[str, Any]],
     all_client_rows: list[dict[str, Any]],
     totals: RunTotals,
+    epilogue: bool,
 ) -> None:
-    """Train round ``rnd``, validate if the algorithm asks, evaluate if due; add the round to
-    ``totals``."""
+    """Train round ``rnd`` (and after the last, the algorithm's ``epilogue`` pass), validate if
+    the algorithm asks, evaluate if due; add the round to ``totals``."""
     sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
     t = time.perf_counter()
     stats = executor.train_round(rnd, sampled)
     round_time = time.perf_counter() - t
-    if rnd == cfg.rounds and algorithm_class(cfg.algo).epilogue:
+    if rnd == cfg.rounds and epilogue:
         # the epilogue: every client, after the last training and before the last evaluation
         # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
         t = time.perf_counter()
