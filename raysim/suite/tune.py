@@ -32,6 +32,9 @@ from raysim.suite.spec import (
 
 log = logging.getLogger(__name__)
 
+#: in a trial's run directory: the sentence that refused it, found only with its data
+REFUSED_FILE = "refused.txt"
+
 
 
 
@@ -70,7 +73,10 @@ def run_trial(params: dict[str, Any]) -> None:
     )
     with open(suite_dir / STARTS_FILE, "a") as f:
         f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
-    run_experiment(cfg, [TuneReporter()], resume=resume)
+    try:
+        run_experiment(cfg, [TuneReporter()], resume=resume)
+    except ConfigError as e:  # what only the data tells (an impossible partition): the suite ends with it
+        (run_dir / REFUSED_FILE).write_text(str(e))
 
 
 class TuneReporter(BaseCallback):
@@ -179,11 +185,10 @@ def _stage(
             ),
         )
     grid = tuner.fit()
+    refused = sorted((suite_dir / "runs").glob(f"*/{REFUSED_FILE}"))
+    if refused:  # a trial's bad input found only with its data: one sentence, as for any bad input
+        raise ConfigError(refused[0].read_text())
     if grid.errors:
-        for error in grid.errors:  # bad input found only with the data (an impossible partition)
-            cause = getattr(error, "cause", error)
-            if isinstance(cause, ConfigError):
-                raise ConfigError(str(cause)) from None
         raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
     # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
     # trials it leaves, and its results call them all terminated)

@@ -352,10 +352,12 @@ def test_a_dataset_found_corrupt_while_ray_starts_stops_that_ray(tmp_path):
 @pytest.mark.ray
 def test_a_trial_refused_by_its_data_ends_the_suite_with_its_sentence(tmp_path):
     """What only the data can tell (a partition that leaves clients too small) is found in the trial;
-    the suite then ends with that sentence and exit status 2, not a failure of Tune's."""
+    the suite then ends with that sentence and exit status 2, not a failure of Tune's, and no
+    traceback."""
     args = ["--algo", "fedavg", "--dataset", "synthetic", "--clients", "100", "--rounds", "1", "--no-progress"]
     proc, _ = run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--out", str(tmp_path / "s")], tmp_path, 180)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("raysim: error: The Dirichlet partition with alpha=0.1 left some client"), last
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert_no_ray_left(tmp_path)
