@@ -183,11 +183,14 @@ class ClientContext:
         drop = self.cfg.train.drop_last if drop_last is None else drop_last
         return iterate_batches(x, y, order, self.cfg.train.batch_size, drop)
 
-    @property
-    def batches_per_epoch(self) -> int:
-        """The mini-batches :meth:`batches` gives an epoch (``train.drop_last`` counted)."""
+    def epochs_of(self, epochs: int | None, steps: int | None) -> int:
+        """The epochs of this client's batches a pass of ``steps`` SGD steps takes (the mini-batches
+        of an epoch counted as :meth:`batches` gives them), else ``epochs`` (default E)."""
         t = self.cfg.train
-        return batches_per_epoch(self.num_samples, t.batch_size, t.drop_last)
+        if steps is None:
+            return t.local_epochs if epochs is None else epochs
+        per_epoch = batches_per_epoch(self.num_samples, t.batch_size, t.drop_last)
+        return -(-steps // per_epoch) if per_epoch else 0
 
     def generator(self, purpose: str) -> np.random.Generator:
         return rng.generator(self.cfg.seed, purpose, self.rnd, self.cid)
@@ -280,11 +283,7 @@ class ClientContext:
         ``momentum_factor`` and ``weight_decay``: this pass's SGD settings where they are not the
         run's (``train.momentum``, ``train.weight_decay``), e.g. FedETF's plain-SGD ETF tuning."""
         t = self.cfg.train
-        if steps is not None:
-            per_epoch = self.batches_per_epoch
-            n = -(-steps // per_epoch) if per_epoch else 0
-        else:
-            n = t.local_epochs if epochs is None else epochs
+        n = self.epochs_of(epochs, steps)
         first = self._cursor.get(stream, 0)
         stats = local_train(
             self.model,
@@ -337,13 +336,7 @@ class ClientContext:
         if not ctxs:
             return []
         model, t, device = ctxs[0].model, ctxs[0].cfg.train, ctxs[0].device
-        counts = []
-        for ctx in ctxs:
-            if steps is not None:
-                per_epoch = ctx.batches_per_epoch
-                counts.append(-(-steps // per_epoch) if per_epoch else 0)
-            else:
-                counts.append(t.local_epochs if epochs is None else epochs)
+        counts = [ctx.epochs_of(epochs, steps) for ctx in ctxs]
         firsts = [ctx._cursor.get(stream, 0) for ctx in ctxs]
 
         def batches(ctx: ClientContext, first: int, n: int) -> Iterator[Batch]:
