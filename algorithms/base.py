@@ -9,7 +9,15 @@ server side (run inside the server actor)
     ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
 client side (run inside a client worker)
     ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
-    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``
+    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
+    ``personal_forward(model, eval_payload)``, ``batch_update(ctxs, payloads)``
+
+Everything optional is a frozen capability object declared on the class, with its own module:
+``batching`` (:mod:`raysim.executors.batching`), ``finetune`` (:mod:`raysim.finetune`),
+``regularizers`` (:mod:`raysim.regularizers`), ``extra_rounds`` (:mod:`raysim.extra_rounds`),
+``round_log`` (:mod:`raysim.round_log`) and ``validation`` (:mod:`raysim.validation`). The hooks
+only a capability calls are documented in its module; an algorithm that does not use a feature says
+nothing about it. A new capability is a new module and a class attribute here.
 
 The runner owns the only loop over rounds and clients; an algorithm never writes one. What travels
 (``Job``, ``ClientResult``, ``WeightsPayload``, ...) is in :mod:`raysim.wire`; what a client keeps is
@@ -23,22 +31,22 @@ costs each process about 0.3 GB and 1.5 s). ``tests/engine/test_thin_driver.py``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
-
-import numpy as np
 
 from raysim.config import ExperimentConfig
 from raysim.executors.batching import NO_BATCHING, Batching
+from raysim.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
 from raysim.finetune import FineTune
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.regularizers import Regularizable
+from raysim.round_log import RoundLog
+from raysim.validation import Validation
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
     from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
 
 StateT = TypeVar("StateT")
 
@@ -51,13 +59,6 @@ class Algorithm(Generic[StateT]):
     #: which metrics apply (the others are reported as null)
     has_global_model: ClassVar[bool] = True
     has_personal_model: ClassVar[bool] = False
-    #: run a round 0 over every client before round 1 (``plan`` and ``aggregate`` get ``rnd=0``),
-    #: e.g. FedFCD's first upload of class prototypes; it is not a training round and is not logged
-    prologue: ClassVar[bool] = False
-    #: run a pass over every client after the last round's training and before its evaluation
-    #: (``plan`` and ``aggregate`` get ``rnd = rounds + 1``), e.g. SphereFed's calibration
-    #: statistics of the final global model; it is not logged as a round, its compute is counted
-    epilogue: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
     #: "-FT" personalisation, a capability (:class:`raysim.finetune.FineTune`): after the last
@@ -68,6 +69,14 @@ class Algorithm(Generic[StateT]):
     #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
     #: (:meth:`batch_update`, :mod:`raysim.batched`), or the sentence that says why not
     batching: ClassVar[Batching] = NO_BATCHING
+    #: passes over every client before round 1 or after the last, a capability
+    #: (:class:`raysim.extra_rounds.ExtraRounds`): FedFCD's and PACFL's round 0, SphereFed's calibration
+    extra_rounds: ClassVar[ExtraRounds] = NO_EXTRA_ROUNDS
+    #: scalars, texts and pictures logged each round, a capability (:class:`raysim.round_log.RoundLog`)
+    round_log: ClassVar[RoundLog | None] = None
+    #: the global model's validation accuracy read during the run, a capability
+    #: (:class:`raysim.validation.Validation`): Fed3+2p's automatic phase switch
+    validation: ClassVar[Validation | None] = None
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -83,30 +92,6 @@ class Algorithm(Generic[StateT]):
             if rnd > m * self.cfg.rounds:
                 rate *= t.lr_gamma
         return rate
-
-    def round_scalars(self, state: StateT, rnd: int) -> dict[str, float]:
-        """Extra scalars after round ``rnd`` for TensorBoard and metrics.parquet (a phase, an
-        objective)."""
-        return {}
-
-    def round_texts(self, state: StateT, rnd: int) -> dict[str, str]:
-        """Text for TensorBoard after round ``rnd`` (a grouping, when it is made)."""
-        return {}
-
-    def round_images(self, state: StateT, rnd: int) -> dict[str, np.ndarray]:
-        """Pictures for TensorBoard after an evaluated round ``rnd`` (uint8, (H, W) or (H, W, 3)),
-        e.g. FedPAC's combination weights."""
-        return {}
-
-    def wants_validation(self, state: StateT, rnd: int) -> bool:
-        """Whether, after round ``rnd``, the global model should be evaluated on the clients'
-        validation parts (``data.val_fraction``); the accuracy comes back to
-        :meth:`observe_validation`."""
-        return False
-
-    def observe_validation(self, state: StateT, rnd: int, accuracy: float) -> StateT:
-        """The global model's accuracy on the validation parts after round ``rnd``."""
-        return state
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
@@ -153,30 +138,6 @@ class Algorithm(Generic[StateT]):
     # ---- client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         raise NotImplementedError
-
-    def batch_from_payload(
-        self,
-        ctxs: Sequence[ClientContext],
-        payloads: Sequence[Any],
-        parts: tuple[str, ...],
-        objective: Callable[[ClientContext, Any], LossFn],
-    ) -> list[ClientResult]:
-        """The common :meth:`batch_update`: every client loads ``payloads``' one ``WeightsPayload``
-        and trains ``parts`` with ``objective(ctx, payload)`` (made once, with the received weights
-        loaded; the run's regularisers added, for an algorithm with them) and uploads them; other
-        payloads run one by one."""
-        from raysim.context import ClientContext
-
-        payload = payloads[0]
-        if any(p is not payload for p in payloads):
-            return [self.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
-        first = ctxs[0]
-        first.load(payload.weights)
-        loss = objective(first, payload)
-        if self.regularizers is not None:
-            loss = self.regularizers.wrap(self.cfg, first, payload.weights, parts, loss)
-        trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
-        return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
         """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together

@@ -26,6 +26,8 @@ from algorithms.clustering import Clusters, agglomerative, assignment, describe
 from algorithms.fedavg import train_global_parts
 from raysim.aggregate import weighted_mean
 from raysim.executors.batching import Batching
+from raysim.extra_rounds import ExtraRounds
+from raysim.round_log import RoundLog
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -60,6 +62,7 @@ class ClusteredFL(Algorithm[ClusterState]):
 
     has_global_model = False
     has_personal_model = True
+    round_log = RoundLog()
 
     def init(self, ctx: ServerContext) -> ClusterState:
         self._init = ctx.init_weights.select(GLOBAL_PARTS)
@@ -134,7 +137,7 @@ class OneShotClustered(ClusteredFL):
     and clusters it hierarchically with the config's ``linkage``, merging within ``threshold`` (or
     down to ``num_clusters`` when that is positive). Every cluster starts from the initial model."""
 
-    prologue = True
+    extra_rounds = ExtraRounds(prologue=True)
 
     def prologue_payload(self, state: ClusterState) -> Any:
         raise NotImplementedError

@@ -86,6 +86,8 @@ from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
 from raysim.registry import DatasetInfo
+from raysim.round_log import RoundLog
+from raysim.validation import Validation
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -206,6 +208,8 @@ class Fed3p2(Algorithm[Fed3p2State]):
     batching = Batching(pinned=True)
     Config = Fed3p2Config
     has_personal_model = True
+    validation = Validation()  # the automatic switch (switch=auto)
+    round_log = RoundLog()
 
     def __init__(self, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
         super().__init__(cfg, params)

@@ -26,6 +26,7 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
+from raysim.round_log import RoundLog
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -86,6 +87,7 @@ class FedAMP(Algorithm[AMPState]):
     Config = FedAMPConfig
     has_global_model = False
     has_personal_model = True
+    round_log = RoundLog()
 
     def init(self, ctx: ServerContext) -> AMPState:
         self._init = ctx.init_weights.select(GLOBAL_PARTS)

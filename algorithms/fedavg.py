@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import Algorithm, register
 from raysim.aggregate import average_uploads
-from raysim.executors.batching import Batching
+from raysim.executors.batching import Batching, train_received
 from raysim.finetune import FineTune
 from raysim.regularizers import Regularizable
 from raysim.weights import GLOBAL_PARTS, ModelWeights
@@ -85,7 +85,7 @@ class FedAvg(AveragedWeights):
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, trained together: the loss depends only on
         the received weights, so one loss serves every client of one payload."""
-        return self.batch_from_payload(ctxs, payloads, GLOBAL_PARTS, self.loss_fn)
+        return train_received(self, ctxs, payloads, GLOBAL_PARTS, self.loss_fn)
 
 
 __all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]

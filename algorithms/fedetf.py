@@ -49,6 +49,7 @@ from raysim.executors.batching import Batching
 from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
 from raysim.regularizers import Regularizable
+from raysim.round_log import RoundLog
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -115,6 +116,7 @@ class FedETF(Algorithm[ETFState]):
     )
     Config = FedETFConfig
     has_global_model = True
+    round_log = RoundLog()
     finetune = FineTune()  # FedETF-FT: algo.ft_epochs > 0 (its own steps: personal_model)
     regularizers = Regularizable()
 

@@ -32,6 +32,7 @@ from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.aggregate import apply_updates, subtract, weighted_mean
 from raysim.errors import ConfigError
+from raysim.round_log import RoundLog
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult, ServerContext
 
@@ -72,6 +73,7 @@ class FedExP(FedAvg):
     """FedAvg's clients; the server's extrapolated step (its state is an :class:`ExPState`)."""
 
     Config = FedExPConfig
+    round_log = RoundLog()
 
     def init(self, ctx: ServerContext) -> ExPState:
         return ExPState(ctx.init_weights.select(self.shared_parts))

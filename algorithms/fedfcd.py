@@ -6,7 +6,7 @@ Model parts (``SplitModel``): ``extractor`` (and ``filter``, if the model has on
 extractor theta_i, ``phead`` = the personal head phi_i (neither ever leaves its client), ``head`` = the global head phi_g (lives on the server).
 
 - LFR (Eq. 3): C_i^(j), the mean of f(theta_i; x) over client i's class-j training samples.
-- Before round 1 every client uploads its LFRs and class counts (round 0, ``Algorithm.prologue``).
+- Before round 1 every client uploads its LFRs and class counts (round 0, the ``ExtraRounds(prologue=True)`` capability).
 - Server (Eq. 4-5): SGD with cross-entropy on phi_g over the uploaded pairs (C_i^(j), j), ``server_lr``
   (eta_phi_g = 0.01), ``server_epochs`` passes in mini-batches of B; then the GFR
   C_bar^(j) = sum_i |D_ij| C_i^(j) / N_j over every client's latest LFRs.
@@ -39,6 +39,7 @@ from algorithms.base import Algorithm, register
 from raysim import rng
 from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
+from raysim.extra_rounds import ExtraRounds
 from raysim.prototypes import ClassMeans, train_head_on_class_means, weighted_means
 from raysim.registry import DatasetInfo
 from raysim.weights import BODY, ModelWeights
@@ -90,7 +91,7 @@ class FedFCD(Algorithm[FCDState]):
     Config = FedFCDConfig
     has_global_model = False
     has_personal_model = True
-    prologue = True
+    extra_rounds = ExtraRounds(prologue=True)
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from raysim.errors import ConfigError
 from raysim.executors.batching import Batching
 from raysim.prototypes import ClassMeans, weighted_means
 from raysim.registry import DatasetInfo
+from raysim.round_log import RoundLog
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
@@ -111,6 +112,7 @@ class FedPAC(Algorithm[PACState]):
     Config = FedPACConfig
     has_global_model = False
     has_personal_model = True
+    round_log = RoundLog()
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:

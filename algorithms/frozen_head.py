@@ -19,7 +19,7 @@ import numpy as np
 from algorithms.base import Algorithm
 from raysim.aggregate import average_uploads
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
+from raysim.executors.batching import Batching, train_received
 from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
 from raysim.regularizers import Regularizable
@@ -142,7 +142,7 @@ class FrozenHead(Algorithm[GlobalEval]):
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[WeightsPayload]) -> list[ClientResult]:
         """:meth:`local_update` for each of ``ctxs``, their bodies trained together."""
-        return self.batch_from_payload(ctxs, payloads, BODY, self.body_loss)
+        return train_received(self, ctxs, payloads, BODY, self.body_loss)
 
     def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel | None:
         return super().global_model(model, eval_payload.weights)

@@ -22,8 +22,8 @@ re-implementation (classifier rows orthonormalised, frozen, no bias, scale 1):
   logits W z at scale 1 (what the FedDr+ authors' model computes, ``norm = 1``, if their trainer's
   loss is FedBABU's; which it is could not be seen). The body (extractor and filter) trains and the
   server averages it by training-set size (FedAvg);
-- calibration (Fast Federated Calibration), an epilogue after the last round
-  (:attr:`algorithms.base.Algorithm.epilogue`): every client sends V_k = sum_i z_i z_i^T (d x d)
+- calibration (Fast Federated Calibration), an epilogue after the last round (the capability
+  ``ExtraRounds(epilogue=True)``): every client sends V_k = sum_i z_i z_i^T (d x d)
   and U_k = sum_i z_i e_{y_i}^T (d x C), its normalised features under the final global body in
   eval mode; the server solves the ridge regression
   Theta = (sum_k V_k + lambda I)^-1 sum_k U_k and W_cal = Theta^T replaces the head, so the final
@@ -51,6 +51,7 @@ from algorithms.base import register
 from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup
 from raysim import rng
 from raysim.errors import ConfigError
+from raysim.extra_rounds import ExtraRounds
 from raysim.finetune import FineTune
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.weights import BODY, ModelWeights
@@ -132,7 +133,7 @@ def sphere_mse(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 @register("spherefed")
 class SphereFed(FrozenHead):
     Config = SphereFedConfig
-    epilogue = True
+    extra_rounds = ExtraRounds(epilogue=True)
     finetune = FineTune()  # SphereFed-FT: algo.ft_epochs > 0
 
     @staticmethod

@@ -6,9 +6,7 @@ the engine never imports ``algorithms/``; it finds algorithm classes through
 
 server side (in the server actor)
     ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
-    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``, and what the runner logs
-    (``round_scalars``, ``round_texts``, ``round_images``) or asks (``wants_validation``,
-    ``observe_validation``)
+    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
 client side (in a client worker)
     ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
     ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
@@ -16,6 +14,11 @@ client side (in a client worker)
 both (a static method)
     ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
     features), applied wherever the run builds its model
+
+Optional features are capability objects on the class (``batching``, ``finetune``,
+``regularizers``, ``extra_rounds``, ``round_log``, ``validation``), each with its own module; the
+engine asks the capability, and the hooks only a capability calls (``round_scalars``,
+``observe_validation``, ``ft_weights``, ...) are documented there, not here.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-import numpy as np
-
 from raysim.config import ExperimentConfig, from_dict, setting
 from raysim.executors.batching import Batching
+from raysim.extra_rounds import ExtraRounds
 from raysim.registry import DatasetInfo
+from raysim.round_log import RoundLog
+from raysim.validation import Validation
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
@@ -81,9 +85,10 @@ class AlgorithmHooks(Protocol):
     has_personal_model: ClassVar[bool]
     finetune: ClassVar[Any]  # raysim.finetune.FineTune, or None
     regularizers: ClassVar[Any]  # raysim.regularizers.Regularizable, or None
-    prologue: ClassVar[bool]
-    epilogue: ClassVar[bool]
     batching: ClassVar[Batching]
+    extra_rounds: ClassVar[ExtraRounds]
+    round_log: ClassVar[RoundLog | None]
+    validation: ClassVar[Validation | None]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
@@ -108,16 +113,6 @@ class AlgorithmHooks(Protocol):
     def aggregate(self, state: Any, rnd: int, results: Sequence[JobResult]) -> Any: ...
 
     def eval_payload(self, state: Any) -> Any: ...
-
-    def round_scalars(self, state: Any, rnd: int) -> dict[str, float]: ...
-
-    def round_texts(self, state: Any, rnd: int) -> dict[str, str]: ...
-
-    def round_images(self, state: Any, rnd: int) -> dict[str, np.ndarray]: ...
-
-    def wants_validation(self, state: Any, rnd: int) -> bool: ...
-
-    def observe_validation(self, state: Any, rnd: int, accuracy: float) -> Any: ...
 
     # client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult: ...

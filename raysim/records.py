@@ -23,9 +23,9 @@ class RoundStats:
     bytes_up: int
     samples_trained: int = 0  # samples the round's clients trained on, every pass counted
     client_epochs: float = 0.0  # the same in passes over each client's data: sum of samples_trained / n_k
-    scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (Algorithm.round_scalars)
-    texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (Algorithm.round_texts)
-    images: tuple[tuple[str, Any], ...] = ()  # (tag, uint8 image) (Algorithm.round_images)
+    scalars: tuple[tuple[str, float], ...] = ()  # the algorithm's own (round_log)
+    texts: tuple[tuple[str, str], ...] = ()  # the algorithm's own (round_log)
+    images: tuple[tuple[str, Any], ...] = ()  # (tag, uint8 image) (round_log)
     validate: bool = False  # the algorithm asks for the global model's validation accuracy
     #: ``eval.analyses``: (client, its local model's ``local_*`` values) for the round's clients
     client_analyses: tuple[tuple[int, dict[str, float | None]], ...] = ()

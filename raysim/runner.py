@@ -218,7 +218,7 @@ def run_experiment(
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
         algo_cls = algorithm_class(cfg.algo)
-        first = last_round + 1 if resume else (0 if algo_cls.prologue else 1)
+        first = last_round + 1 if resume else algo_cls.extra_rounds.first_round()
         startup = time.time() - origin
         with StopRequest() as stop:
             for rnd in range(first, cfg.rounds + 1):
@@ -227,7 +227,7 @@ def run_experiment(
                     stats = executor.train_round(0, list(range(cfg.clients)))
                     totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
                 else:
-                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, algo_cls.epilogue)
+                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, algo_cls.extra_rounds.epilogue)
                 executor.end_round(rnd)
                 last_round = rnd
                 every = cfg.output.checkpoint_every

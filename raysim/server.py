@@ -45,6 +45,7 @@ class ServerHost:
     def aggregate(self, rnd: int, results: Sequence[JobResult]) -> RoundStats:
         self.state = self.algo.aggregate(self.state, rnd, results)
         flat = [r for jr in results for r in jr.results]
+        log, val = self.algo.round_log, self.algo.validation
         n = sum(r.num_samples for r in flat)
         loss = sum(r.train_loss * r.num_samples for r in flat) / max(n, 1)
         return RoundStats(
@@ -57,16 +58,17 @@ class ServerHost:
             samples_trained=sum(r.samples_trained for r in flat),
             client_analyses=tuple((r.client, r.analysis) for r in flat if r.analysis is not None),
             client_epochs=sum(r.samples_trained / r.num_samples for r in flat if r.num_samples),
-            scalars=tuple(sorted(self.algo.round_scalars(self.state, rnd).items())),
-            texts=tuple(sorted(self.algo.round_texts(self.state, rnd).items())),
-            images=tuple(sorted(self.algo.round_images(self.state, rnd).items()))
-            if evaluation_due(self.cfg, rnd)
-            else (),
-            validate=self.algo.wants_validation(self.state, rnd),
+            scalars=log.scalars(self.algo, self.state, rnd) if log else (),
+            texts=log.texts(self.algo, self.state, rnd) if log else (),
+            images=log.images(self.algo, self.state, rnd) if log and evaluation_due(self.cfg, rnd) else (),
+            validate=val.wanted(self.algo, self.state, rnd) if val else False,
         )
 
     def observe_validation(self, rnd: int, accuracy: float) -> None:
-        self.state = self.algo.observe_validation(self.state, rnd, accuracy)
+        """The global model's validation accuracy after round ``rnd``, for an algorithm with the
+        ``validation`` capability (asked for in that round's ``RoundStats.validate``)."""
+        assert self.algo.validation is not None
+        self.state = self.algo.validation.observe(self.algo, self.state, rnd, accuracy)
 
     def eval_payload(self) -> Any:
         return self.algo.eval_payload(self.state)

@@ -14,10 +14,15 @@ clients together and give the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from raysim.wire import Job
+from raysim.wire import ClientResult, Job
+
+if TYPE_CHECKING:
+    from raysim.context import ClientContext
+    from raysim.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -72,4 +77,29 @@ def batch_units(jobs: Sequence[Job], k: int, pinned: bool = False) -> list[list[
     return sorted(units, key=lambda u: u[0])
 
 
-__all__ = ["NO_BATCHING", "Batching", "batch_units"]
+def train_received(
+    algo: Any,
+    ctxs: Sequence[ClientContext],
+    payloads: Sequence[Any],
+    parts: tuple[str, ...],
+    objective: Callable[[ClientContext, Any], LossFn],
+) -> list[ClientResult]:
+    """The common ``batch_update`` (FedAvg's family, the frozen-head family): every client loads
+    ``payloads``' one ``WeightsPayload``, trains ``parts`` with ``objective(ctx, payload)`` (made
+    once, with the received weights loaded; the run's regularisers added, for an algorithm with
+    them) and uploads them; payloads that are not one object run one by one (``algo.local_update``)."""
+    from raysim.context import ClientContext
+
+    payload = payloads[0]
+    if any(p is not payload for p in payloads):
+        return [algo.local_update(c, p) for c, p in zip(ctxs, payloads, strict=True)]
+    first = ctxs[0]
+    first.load(payload.weights)
+    loss = objective(first, payload)
+    if algo.regularizers is not None:
+        loss = algo.regularizers.wrap(algo.cfg, first, payload.weights, parts, loss)
+    trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
+    return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
+
+
+__all__ = ["NO_BATCHING", "Batching", "batch_units", "train_received"]

@@ -39,7 +39,7 @@ class Received:
 def test_only_class_means_and_counts_leave_a_client_and_lfrs_come_before_round_1(tmp_path):
     ex = _executor(tmp_path)
     seen = Received(ex.server)
-    # as the runner does: round 0 over every client (Algorithm.prologue), then round 1
+    # as the runner does: round 0 over every client (the ExtraRounds prologue), then round 1
     ex.train_round(0, list(range(6)))
     ex.train_round(1, list(range(6)))
     assert sorted(r.client for r in seen.rounds[0]) == list(range(6))

@@ -12,6 +12,7 @@ import numpy as np
 
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.context import ClientContext
+from raysim.round_log import RoundLog
 from raysim.weights import GLOBAL_PARTS
 from raysim.wire import ClientResult, Job, JobResult, WeightsPayload
 
@@ -28,6 +29,7 @@ class StartedFrom:
 
 class ChainToy(FedAvg):
     Config = ChainToyConfig
+    round_log = RoundLog()
 
     def __init__(self, cfg, params):
         super().__init__(cfg, params)

@@ -1,0 +1,35 @@
+"""The capability of a pass over every client outside the training rounds (:class:`ExtraRounds`),
+declared on an algorithm's class.
+
+- ``prologue``: a round 0 over every client before round 1 (``plan`` and ``aggregate`` get
+  ``rnd = 0``), e.g. FedFCD's first upload of class prototypes, PACFL's and FedClust's clustering.
+  It is not a training round and is not logged; a checkpoint after it resumes at round 1.
+- ``epilogue``: a pass over every client after the last round's training and before its evaluation
+  (``plan`` and ``aggregate`` get ``rnd = rounds + 1``), e.g. SphereFed's calibration statistics of
+  the final global model. It is not logged as a round; its compute and bytes are counted in the last.
+
+The runner asks :meth:`ExtraRounds.first_round` and :attr:`ExtraRounds.epilogue`; an algorithm
+without the capability has neither pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ExtraRounds:
+    """``extra_rounds = ExtraRounds(prologue=True)`` (or ``epilogue=True``) on an algorithm's class."""
+
+    prologue: bool = False
+    epilogue: bool = False
+
+    def first_round(self) -> int:
+        """The first round a fresh run takes: 0 (the prologue) or 1."""
+        return 0 if self.prologue else 1
+
+
+#: what an algorithm that says nothing has
+NO_EXTRA_ROUNDS = ExtraRounds()
+
+__all__ = ["NO_EXTRA_ROUNDS", "ExtraRounds"]
