@@ -208,7 +208,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
     batching = Batching(pinned=True)
     Config = Fed3p2Config
     has_personal_model = True
-    validation = Validation()  # the automatic switch (switch=auto)
+    validation = Validation()  # the automatic switch (phase_switch=auto)
     round_log = RoundLog()
 
     def __init__(self, cfg: ExperimentConfig, params: Fed3p2Config) -> None:

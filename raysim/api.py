@@ -36,6 +36,7 @@ from raysim.flags import flag_keys
 if TYPE_CHECKING:
     import pandas as pd
 
+    from raysim.experiment import Experiment
     from raysim.output import Callback
 
 def settings_of(given: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
@@ -64,6 +65,18 @@ def make_config(
     **flags: Any,
 ) -> ExperimentConfig:
     """The experiment these settings give, resolved (paper setup beneath) and validated."""
+    return checked_experiment(config, set=set, **flags).cfg
+
+
+def checked_experiment(
+    config: ExperimentConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
+    **flags: Any,
+) -> Experiment:
+    """:func:`make_config`'s experiment as :func:`raysim.experiment.validate` returns it (the
+    config and its algorithm, looked up and checked once), which a run takes without checking it
+    again."""
     from raysim.experiment import resolve_config, validate
 
     keys = flag_keys()
@@ -83,8 +96,7 @@ def make_config(
     else:
         base = dict(config) if isinstance(config, Mapping) else load_config_file(config) if config else {}
         cfg = resolve_config(merge(base, given))
-    validate(cfg)
-    return cfg
+    return validate(cfg)
 
 
 @dataclass
@@ -137,14 +149,15 @@ def run(
     from raysim.plugins import used_plugins
     from raysim.runner import run_experiment
 
-    cfg = make_config(config, set=set, **flags)
-    cfg = dataclasses.replace(cfg, plugins=used_plugins(cfg))
+    exp = checked_experiment(config, set=set, **flags)
+    cfg = dataclasses.replace(exp.cfg, plugins=used_plugins(exp.cfg))
+    exp = dataclasses.replace(exp, cfg=cfg)
     extra = list(callbacks)
     if cfg.output.progress:
         from raysim.output import ProgressBar
 
         extra.append(ProgressBar())
-    result = run_experiment(cfg, extra)
+    result = run_experiment(exp, extra)
     return load(result.run_dir)
 
 
@@ -229,4 +242,4 @@ def load_suite_result(suite_dir: str | os.PathLike[str]) -> SuiteResult:
     return SuiteResult(p, pd.DataFrame(rows), trials, summary)
 
 
-__all__ = ["Result", "SuiteResult", "load", "load_suite_result", "make_config", "run", "sweep"]
+__all__ = ["Result", "SuiteResult", "checked_experiment", "load", "load_suite_result", "make_config", "run", "sweep"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted
 from raysim.errors import ConfigError, RunAborted
-from raysim.experiment import resolve_config, validate
+from raysim.experiment import Experiment, resolve_config, validate
 from raysim.flags import Parser, add_setting_flags, given_settings
 
 log = logging.getLogger("raysim")
@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str]) -> ExperimentConfig:
-    return parse_command(argv)[0]
+    return parse_command(argv)[0].cfg
 
 
-def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
+def parse_command(argv: Sequence[str]) -> tuple[Experiment, Path | None]:
     """The experiment the command line asks for, and the run directory to resume if ``--resume``
     (then the experiment is the stopped run's, with the changes a resumed run allows)."""
     args = build_parser().parse_args(argv)
@@ -86,11 +86,10 @@ def parse_command(argv: Sequence[str]) -> tuple[ExperimentConfig, Path | None]:
         # the saved config is already resolved: no paper setup goes beneath it again
         cfg = resolve_config(merge({**saved, "paper_setup": False}, flags))
         cfg = dataclasses.replace(cfg, paper_setup=bool(saved.get("paper_setup", True)))
-        validate(cfg)
-        return cfg, Path(args.resume)
-    from raysim.api import make_config  # the Python API's settings, given as text
+        return validate(cfg), Path(args.resume)
+    from raysim.api import checked_experiment  # the Python API's settings, given as text
 
-    return make_config(args.config, set=dict(given)), None
+    return checked_experiment(args.config, set=dict(given)), None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
     try:
-        cfg, resume_dir = parse_command(argv)
+        exp, resume_dir = parse_command(argv)
+        cfg = exp.cfg
         from raysim import checkpoint
         from raysim.runner import run_experiment
 
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from raysim.output import ProgressBar
 
         callbacks = [ProgressBar(max(resume.round, 0) if resume else 0)] if cfg.output.progress else []
-        result = run_experiment(cfg, callbacks, resume=resume)
+        result = run_experiment(exp, callbacks, resume=resume)
     except ConfigError as e:
         print(f"raysim: error: {e}", file=sys.stderr)
         return 2

@@ -84,15 +84,15 @@ class DataConfig:
     download: bool = True  # allow torchvision's download when the files are not found
     partition: str = "dirichlet:0.1"  # KIND or KIND:PARAM of raysim.registry.PARTITIONS
     test_mode: str = "matched"  # KIND or KIND:PARAM of raysim.registry.TEST_MODES
-    min_samples: int = 10  # dirichlet: redraw until every client has this many (choice)
-    samples_per_client: int = 600  # dominant: samples per client (600; 1000 for EMNIST)
+    min_samples: int = setting(10, at_least=0)  # dirichlet: redraw until every client has this many (choice)
+    samples_per_client: int = setting(600, at_least=1)  # dominant: samples per client (600; 1000 for EMNIST)
     #: pathological: which classes a client holds. shuffled: consecutive classes of a seeded class
     #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
     #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
     class_order: Literal["shuffled", "sequential"] = "shuffled"
     #: hold out this fraction of each client's training data as its validation part (never trained
     #: on), for model selection such as Fed3+2p's automatic phase switch
-    val_fraction: float = 0.0
+    val_fraction: float = setting(0.0, at_least=0, below=1)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -165,9 +165,9 @@ class OutputConfig:
 class ExperimentConfig:
     algo: str = "fedavg"
     model: str = "cnn3p2_fmnist"
-    clients: int = 100
-    participation: float = 0.1
-    rounds: int = 20
+    clients: int = setting(100, at_least=1)
+    participation: float = setting(0.1, above=0, at_most=1)
+    rounds: int = setting(20, at_least=1)
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

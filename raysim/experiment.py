@@ -5,12 +5,16 @@
 setting's range, the names, the model against the dataset's input, the partition against the
 dataset's size and class count, the data directory and the algorithm's own parameters. None of it
 needs the data, Ray or PyTorch, so bad input ends in well under a second with one sentence.
-:func:`make_algorithm` builds the algorithm object a server or a client worker runs.
+:func:`validate` returns an :class:`Experiment`: the config with the algorithm class and typed
+settings it found, which the runner and the executors take, so that a run looks the algorithm up
+and checks its config once in the driver (a server or worker process, which has only the config,
+builds its algorithm object with :func:`make_algorithm`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +57,35 @@ def algorithm_class(name: str) -> type[AlgorithmHooks]:
 KEYWORD_PARAMS = {"lambda": "lam"}
 
 
-def algorithm_params(cfg: ExperimentConfig) -> Any:
+@dataclass(frozen=True)
+class Experiment:
+    """A config as the driver resolved it, once: the algorithm's class and its typed settings
+    (``params``, the class's ``check`` passed). :func:`validate` makes one after checking
+    everything else; :meth:`of` only resolves the algorithm (what building it needs)."""
+
+    cfg: ExperimentConfig
+    algorithm: type[AlgorithmHooks]
+    params: Any
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig | Experiment) -> Experiment:
+        """``cfg`` itself when it is an experiment already, else its algorithm resolved."""
+        if isinstance(cfg, Experiment):
+            return cfg
+        load_plugins(cfg.plugins)  # what they register may be the algorithm (raysim.plugins)
+        algo = algorithm_class(cfg.algo)
+        return cls(cfg, algo, algorithm_params(cfg, algo))
+
+    def make_algorithm(self) -> AlgorithmHooks:
+        """A new algorithm object for this experiment (a server's, a client runtime's)."""
+        return self.algorithm(self.cfg, self.params)
+
+
+def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks] | None = None) -> Any:
     """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
     checked against the rest of ``cfg``. ``algo.lambda`` sets the field ``lam``, and the class's
-    ``aliases`` name other fields."""
-    cls = algorithm_class(cfg.algo)
+    ``aliases`` name other fields. ``cls``: the algorithm's class, if already looked up."""
+    cls = cls if cls is not None else algorithm_class(cfg.algo)
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
     # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
@@ -74,8 +102,9 @@ def _check_engine_params(given: Mapping[str, Any]) -> None:
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:
-    load_plugins(cfg.plugins)  # a worker's first read of the registries (raysim.plugins)
-    return algorithm_class(cfg.algo)(cfg, algorithm_params(cfg))
+    """The algorithm object of a process that has only the config (a server actor, a client
+    worker): the one place outside :func:`validate` that looks the algorithm up."""
+    return Experiment.of(cfg).make_algorithm()  # a worker's first read of the registries
 
 
 def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
@@ -100,24 +129,18 @@ def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
     return resolved
 
 
-def validate(cfg: ExperimentConfig) -> None:
+def validate(cfg: ExperimentConfig) -> Experiment:
     """Raise :class:`ConfigError` with one clear sentence for the first bad setting; everything
-    that can be known without the data, Ray or PyTorch."""
+    that can be known without the data, Ray or PyTorch. Returns the checked :class:`Experiment`."""
     load_plugins(cfg.plugins)
-    if cfg.clients < 1:
-        raise ConfigError(f"The number of clients must be at least 1, not {cfg.clients}.")
-    if not 0.0 < cfg.participation <= 1.0:
-        raise ConfigError(f"The participation rate must be in (0, 1], not {cfg.participation}.")
-    if cfg.rounds < 1:
-        raise ConfigError(f"The number of rounds must be at least 1, not {cfg.rounds}.")
     _check_training(cfg)
     _check_ray(cfg)
     EXECUTORS.get(cfg.ray.executor)
     info = _check_data(cfg)
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
-    algorithm_params(cfg)  # the algorithm's name, its parameters, and its own checks (check())
+    exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
+    cls = exp.algorithm
     if cfg.train.batch_clients > 1:
-        cls = algorithm_class(cfg.algo)
         if not cls.batching.possible:
             raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.batching.why_not}")
         if not MODELS.get(cfg.model).batchable:
@@ -125,6 +148,7 @@ def validate(cfg: ExperimentConfig) -> None:
                 f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "
                 "layers, whose statistics one batched step cannot keep per client."
             )
+    return exp
 
 
 def _check_training(cfg: ExperimentConfig) -> None:
@@ -145,12 +169,6 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
     if entry.reads_files and d.data_dir is not None and Path(d.data_dir).expanduser().exists():
         if not Path(d.data_dir).expanduser().is_dir():
             raise ConfigError(f"The data directory {d.data_dir} is a file, not a directory.")
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ConfigError(f"The validation fraction must be in [0, 1), not {d.val_fraction}.")
-    if d.min_samples < 0:
-        raise ConfigError(f"data.min_samples must be at least 0, not {d.min_samples}.")
-    if d.samples_per_client < 1:
-        raise ConfigError(f"data.samples_per_client must be at least 1, not {d.samples_per_client}.")
     info = entry.info(d.dataset, d)
     if info.num_classes < 1 or info.train_size < 1 or info.test_size < 1 or not info.input_shape:
         raise ConfigError(f"The {d.dataset} dataset needs at least 1 class, 1 training and 1 test sample.")
@@ -172,6 +190,7 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
 
 
 __all__ = [
+    "Experiment",
     "algorithm_class",
     "algorithm_params",
     "dataset_info",

@@ -29,7 +29,7 @@ from raysim.data import FederatedData, build_federated_data
 from raysim.data.loading import DataLoad
 from raysim.errors import ConfigError, RunAborted
 from raysim.executors.base import Executor
-from raysim.experiment import algorithm_class, validate
+from raysim.experiment import Experiment, validate
 from raysim.metrics import MetricHistory, client_rows, summarize
 from raysim.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
 from raysim.records import RunTotals
@@ -131,15 +131,22 @@ def prepare(cfg: ExperimentConfig) -> FederatedData:
     return build_federated_data(cfg.data, cfg.clients, cfg.seed)
 
 
+def checked(cfg: ExperimentConfig | Experiment) -> Experiment:
+    """``cfg`` checked: an :class:`Experiment` (already checked by :func:`validate`) as it is, a
+    bare config validated now."""
+    return cfg if isinstance(cfg, Experiment) else validate(cfg)
+
+
 def start(
-    cfg: ExperimentConfig,
+    experiment: ExperimentConfig | Experiment,
     data: FederatedData | None = None,
     on_data: Callable[[FederatedData], None] | None = None,
 ) -> Executor:
-    """The configured executor, running, on ``data`` (or on the data ``cfg`` names, loaded while
+    """The configured executor, running, on ``data`` (or on the data the config names, loaded while
     the executor starts its cluster). ``on_data(data)`` runs once the data is there, beside the
     cluster's start (e.g. the run's partition picture)."""
-    validate(cfg)
+    exp = checked(experiment)
+    cfg = exp.cfg
     executor_cls = load_ref(EXECUTORS.get(cfg.ray.executor).cls)
     if data is not None:
         given = data
@@ -154,7 +161,7 @@ def start(
         if DATASETS.get(cfg.data.dataset).reads_files:
             loading.wait_found()
         load = loading.result
-    executor: Executor = executor_cls.start(cfg, load)
+    executor: Executor = executor_cls.start(exp, load)
     return executor
 
 
@@ -174,21 +181,24 @@ def picture_partition(cfg: ExperimentConfig, run_dir: Path) -> Callable[[Federat
 
 
 def run_experiment(
-    cfg: ExperimentConfig,
+    experiment: ExperimentConfig | Experiment,
     callbacks: Sequence[Callback] = (),
     *,
     data: FederatedData | None = None,
     resume: Checkpoint | None = None,
 ) -> RunResult:
-    """Run ``cfg`` from round 1 (or on from the checkpoint ``resume``) to ``cfg.rounds``; write the
-    run directory, with a checkpoint every ``output.checkpoint_every`` rounds and when stopped by
-    Ctrl-C or a failure; return the metrics."""
+    """Run the experiment from round 1 (or on from the checkpoint ``resume``) to its last round;
+    write the run directory, with a checkpoint every ``output.checkpoint_every`` rounds and when
+    stopped by Ctrl-C or a failure; return the metrics. A bare config is checked here; an
+    :class:`Experiment` (from :func:`raysim.experiment.validate`) was checked already."""
     t0 = time.perf_counter()
     origin = startup_origin(time.time())
+    exp = checked(experiment)
+    cfg = exp.cfg
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
     run_dir = default_run_dir(cfg)
-    executor = start(cfg, data, picture_partition(cfg, run_dir))
+    executor = start(exp, data, picture_partition(cfg, run_dir))
     rows: list[dict[str, Any]] = list(resume.rows) if resume else []
     all_client_rows: list[dict[str, Any]] = list(resume.client_rows) if resume else []
     writers: list[Callback] = [TableWriter(rows, all_client_rows)]
@@ -217,8 +227,8 @@ def run_experiment(
             log.info("resumed after round %d of %d", resume.round, cfg.rounds)
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
-        algo_cls = algorithm_class(cfg.algo)
-        first = last_round + 1 if resume else algo_cls.extra_rounds.first_round()
+        extra = exp.algorithm.extra_rounds
+        first = last_round + 1 if resume else extra.first_round()
         startup = time.time() - origin
         with StopRequest() as stop:
             for rnd in range(first, cfg.rounds + 1):
@@ -227,7 +237,7 @@ def run_experiment(
                     stats = executor.train_round(0, list(range(cfg.clients)))
                     totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
                 else:
-                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, algo_cls.extra_rounds.epilogue)
+                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, extra.epilogue)
                 executor.end_round(rnd)
                 last_round = rnd
                 every = cfg.output.checkpoint_every
@@ -275,8 +285,8 @@ def _one_round(
     totals: RunTotals,
     epilogue: bool,
 ) -> None:
-    """Train round ``rnd`` (and after the last, the algorithm's ``epilogue`` pass), validate if
-    the algorithm asks, evaluate if due; add the round to ``totals``."""
+    """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
+    algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``."""
     sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
     t = time.perf_counter()
     stats = executor.train_round(rnd, sampled)
@@ -287,9 +297,6 @@ def _one_round(
         t = time.perf_counter()
         after = executor.train_round(cfg.rounds + 1, list(range(cfg.clients)))
         totals.add_round(after, time.perf_counter() - t, 0.0)
-    if stats.validate:  # the algorithm asked for the global model's validation accuracy
-        accuracy = executor.validate(rnd)
-        stats = dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", accuracy)))
     for cb in callbacks:
         cb.on_round(stats, round_time)
     if not evaluation_due(cfg, rnd):

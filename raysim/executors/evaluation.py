@@ -3,12 +3,13 @@ personalised models are evaluated, and how the workers' parts add up to one repo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from raysim.data import FederatedData
-from raysim.records import ClientEval, EvalPart, EvalReport, EvalTarget
+from raysim.records import ClientEval, EvalPart, EvalReport, EvalTarget, RoundStats
 
 
 def eval_targets(data: FederatedData) -> list[EvalTarget]:
@@ -87,4 +88,15 @@ def assemble_report(
     )
 
 
-__all__ = ["accuracy_of", "assemble_report", "eval_targets", "split_targets", "validation_target"]
+
+def validated(stats: RoundStats, rnd: int, measure: Callable[[int], float]) -> RoundStats:
+    """A round's stats, with the global model's validation accuracy ``val_gm`` among its scalars
+    when the algorithm asked for it (``stats.validate``): ``measure(rnd)`` evaluates it and passes
+    it back to the server (the algorithm's ``validation`` capability). Both executors end
+    ``train_round`` with this, so the round asks for what it needs, and the runner never sees it."""
+    if not stats.validate:
+        return stats
+    return dataclasses.replace(stats, scalars=(*stats.scalars, ("val_gm", measure(rnd))))
+
+
+__all__ = ["accuracy_of", "assemble_report", "eval_targets", "split_targets", "validated", "validation_target"]

@@ -32,12 +32,13 @@ from raysim.executors.evaluation import (
     assemble_report,
     eval_targets,
     split_targets,
+    validated,
     validation_target,
 )
 from raysim.executors.placement import lpt_assign
 from raysim.executors.recovery import WorkerPool, server_get
 from raysim.executors.schedule import BatchCall, Call, JobsCall, RoundPlan, next_wave, plan_round
-from raysim.experiment import algorithm_class
+from raysim.experiment import Experiment
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, Job
 
@@ -47,13 +48,17 @@ log = logging.getLogger(__name__)
 class RayExecutor:
     """See the module docstring. ``owns_ray``: this executor started Ray and stops it at the end."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, num_workers: int, owns_ray: bool = False) -> None:
+    def __init__(
+        self, experiment: ExperimentConfig | Experiment, data: FederatedData, num_workers: int, owns_ray: bool = False
+    ) -> None:
+        """``experiment``: checked by the runner, or a bare config (its algorithm resolved here)."""
         import ray
 
-        self.cfg = cfg
+        exp = Experiment.of(experiment)
+        cfg = self.cfg = exp.cfg
         self.num_workers = num_workers
         self.owns_ray = owns_ray
-        algo_cls = algorithm_class(cfg.algo)
+        algo_cls = exp.algorithm
         self.has_global = algo_cls.has_global_model
         self.batch_pinned = algo_cls.batching.pinned
         self.has_personal = algo_cls.evaluates_personal(cfg)
@@ -86,9 +91,10 @@ class RayExecutor:
         )
 
     @classmethod
-    def start(cls, cfg: ExperimentConfig, load_data: DataLoader) -> RayExecutor:
+    def start(cls, experiment: Experiment, load_data: DataLoader) -> RayExecutor:
         """Start local Ray (or join the configured cluster, or use the Ray session already running
         here) while the data loads in a thread (both are mostly waiting), then the actors."""
+        cfg = experiment.cfg
         started = False
         try:
             with ThreadPoolExecutor(1) as threads:
@@ -99,7 +105,7 @@ class RayExecutor:
                     data = loading.result()
             workers = session.default_workers(cfg)
             session.check_resources(cfg, workers)
-            return cls(cfg, data, workers, owns_ray=started)
+            return cls(experiment, data, workers, owns_ray=started)
         except BaseException:
             if started:
                 session.stop_ray()
@@ -122,7 +128,8 @@ class RayExecutor:
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         """The server's plan for the round, scheduled (:mod:`~raysim.executors.schedule`) and
         submitted wave by wave until every segment is done (a failed call's segments go again, on
-        a replacement worker); then the server aggregates."""
+        a replacement worker); then the server aggregates, and the global model is validated if
+        the algorithm asks."""
         import ray
 
         planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
@@ -155,7 +162,7 @@ class RayExecutor:
         stats: RoundStats = server_get(stats_ref)
         ray.get(homecoming)
         self.server_state = state_ref
-        return stats
+        return validated(stats, rnd, self.validate)
 
     def _submit(self, rnd: int, plan: RoundPlan, call: Call, results: list[list[Any]]) -> tuple[Any, Any]:
         """Submit ``call``; its members' results refs go into ``results``. Returns the refs of the
@@ -213,6 +220,7 @@ class RayExecutor:
         return assemble_report(self.data, targets, parts, self.has_global)
 
     def validate(self, rnd: int) -> float:
+        """The global model's accuracy on the validation parts, passed back to the server."""
         payload = self.server.eval_payload.remote()
         chunks = split_targets([validation_target(self.data)], self.num_workers)
         parts = self.pool.on_all(lambda w, worker: worker.evaluate.remote(rnd, payload, chunks[w], []), self.server)

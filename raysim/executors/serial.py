@@ -9,7 +9,14 @@ from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.executors.base import DataLoader
 from raysim.executors.batching import batch_units
-from raysim.executors.evaluation import accuracy_of, assemble_report, eval_targets, validation_target
+from raysim.executors.evaluation import (
+    accuracy_of,
+    assemble_report,
+    eval_targets,
+    validated,
+    validation_target,
+)
+from raysim.experiment import Experiment
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, JobResult
 
@@ -18,23 +25,25 @@ class SerialExecutor:
     num_workers = 1
     restarts = 0
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData) -> None:
+    def __init__(self, experiment: ExperimentConfig | Experiment, data: FederatedData) -> None:
+        """``experiment``: checked by the runner, or a bare config (its algorithm resolved here)."""
         import torch
 
         from raysim.client import ClientRuntime
         from raysim.server import ServerHost
 
+        exp = Experiment.of(experiment)
+        cfg = self.cfg = exp.cfg
         torch.set_num_threads(cfg.train_threads)
-        self.cfg = cfg
         self.data = data
-        self.runtime = ClientRuntime(cfg, data)
+        self.runtime = ClientRuntime(cfg, data, exp.make_algorithm())
         stats = ClientStats.from_label_counts(data.train_label_counts(), data.train.input_shape)
-        self.server = ServerHost(cfg, stats, self.runtime.initial_weights)
+        self.server = ServerHost(cfg, stats, self.runtime.initial_weights, exp.make_algorithm())
         self.completed = -1
 
     @classmethod
-    def start(cls, cfg: ExperimentConfig, load_data: DataLoader) -> SerialExecutor:
-        return cls(cfg, load_data())
+    def start(cls, experiment: Experiment, load_data: DataLoader) -> SerialExecutor:
+        return cls(experiment, load_data())
 
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
@@ -47,7 +56,8 @@ class SerialExecutor:
             else:
                 job = jobs[unit[0]]
                 results[unit[0]] = JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None)))
-        return self.server.aggregate(rnd, [r for r in results if r is not None])
+        stats = self.server.aggregate(rnd, [r for r in results if r is not None])
+        return validated(stats, rnd, self.validate)
 
     def evaluate(self, rnd: int) -> EvalReport:
         algo = self.runtime.algo
@@ -57,6 +67,7 @@ class SerialExecutor:
         return assemble_report(self.data, targets, [part], algo.has_global_model)
 
     def validate(self, rnd: int) -> float:
+        """The global model's accuracy on the validation parts, passed back to the server."""
         part = self.runtime.evaluate(rnd, self.server.eval_payload(), [validation_target(self.data)], [])
         accuracy = accuracy_of([part])
         self.server.observe_validation(rnd, accuracy)

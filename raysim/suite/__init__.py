@@ -40,7 +40,6 @@ from raysim.suite.spec import (
     Trial,
     default_suite_dir,
     expand_grid,
-    experiment_config,
     load_suite,
     make_suite,
     parse_range,
@@ -48,6 +47,7 @@ from raysim.suite.spec import (
     setting_key,
     suite_of,
     to_yaml,
+    trial_experiment,
     trials,
 )
 from raysim.suite.tune import run_suite, run_trial
@@ -69,7 +69,7 @@ __all__ = [
     "default_suite_dir",
     "equal_compute_of",
     "expand_grid",
-    "experiment_config",
+    "trial_experiment",
     "load_suite",
     "make_suite",
     "parse_range",

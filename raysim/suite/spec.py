@@ -10,10 +10,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysim.config import ExperimentConfig, load_config_file, set_dotted
 from raysim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from raysim.experiment import Experiment
 
 SUITE_FILE = "suite.yaml"
 STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
@@ -291,12 +294,12 @@ def make_suite(
     if search is not None:
         _check_search(search)
     for trial in trials(suite):
-        experiment_config(trial, Path("."))  # every trial validates now, not after hours of others
+        trial_experiment(trial, Path("."))  # every trial validates now, not after hours of others
     if search is not None:
         _check_sampled(suite)
     if equal_compute is not None:
         pair = {**base_for(suite.base, equal_compute.settings), **equal_compute.settings}
-        experiment_config(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
+        trial_experiment(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
     return suite
 
 
@@ -432,13 +435,12 @@ def _check_sampled(suite: Suite) -> None:
     for trial in trials(suite):
         for key, text in suite.search.space.items():
             for value in range_ends(*parse_range(key, text)):
-                experiment_config(trial, Path("."), {key: value})
+                trial_experiment(trial, Path("."), {key: value})
         metric = suite.search.metric
         if metric.startswith("lm_"):
-            from raysim.experiment import algorithm_class
-
-            cfg = experiment_config(trial, Path("."))
-            if not algorithm_class(cfg.algo).evaluates_personal(cfg):
+            exp = trial_experiment(trial, Path("."))
+            cfg = exp.cfg
+            if not exp.algorithm.evaluates_personal(cfg):
                 raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to search on.")
 
 
@@ -496,9 +498,9 @@ def with_references(base: Mapping[str, Any], settings: Mapping[str, Any]) -> dic
     return out
 
 
-def experiment_config(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | None = None) -> ExperimentConfig:
-    """The trial's experiment, as ``run.py`` with its settings would resolve it (the algorithm's
-    paper setup beneath them), in ``run_dir`` on the Ray session it runs in."""
+def trial_experiment(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | None = None) -> Experiment:
+    """The trial's experiment, as ``run.py`` with its settings would resolve and check it (the
+    algorithm's paper setup beneath them), in ``run_dir`` on the Ray session it runs in."""
     from raysim.experiment import resolve_config, validate
 
     nested: dict[str, Any] = {}
@@ -509,9 +511,7 @@ def experiment_config(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | 
     set_dotted(nested, "output.progress", False)
     set_dotted(nested, "ray.executor", "ray")
     nested.setdefault("ray", {}).setdefault("workers", 1)
-    cfg = resolve_config(nested)
-    validate(cfg)
-    return cfg
+    return validate(resolve_config(nested))
 
 
 def to_yaml(suite: Suite) -> dict[str, Any]:
@@ -570,7 +570,7 @@ __all__ = [
     "default_suite_dir",
     "dotted",
     "expand_grid",
-    "experiment_config",
+    "trial_experiment",
     "load_suite",
     "make_suite",
     "parse_range",

@@ -23,9 +23,9 @@ from raysim.suite.spec import (
     Suite,
     Trial,
     base_for,
-    experiment_config,
     parse_range,
     to_yaml,
+    trial_experiment,
     trials,
     write_yaml,
 )
@@ -60,7 +60,7 @@ def run_trial(params: dict[str, Any]) -> None:
     name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
     suite_dir = Path(t["suite_dir"])
     run_dir = suite_dir / "runs" / name
-    cfg = experiment_config(trial, run_dir, sampled)
+    exp = trial_experiment(trial, run_dir, sampled)
     if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
         tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
         return
@@ -74,7 +74,7 @@ def run_trial(params: dict[str, Any]) -> None:
     with open(suite_dir / STARTS_FILE, "a") as f:
         f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
     try:
-        run_experiment(cfg, [TuneReporter()], resume=resume)
+        run_experiment(exp, [TuneReporter()], resume=resume)
     except ConfigError as e:  # what only the data tells (an impossible partition): the suite ends with it
         (run_dir / REFUSED_FILE).write_text(str(e))
 
@@ -124,7 +124,7 @@ def run_suite(
         raise ConfigError(f"{suite_dir} holds no suite to resume (no {SUITE_FILE}).")
     if not resume and (suite_dir / SUITE_FILE).exists():
         raise ConfigError(f"{suite_dir} already holds a suite; --resume it, or give another --out.")
-    configs = [experiment_config(t, suite_dir) for t in trials(suite)]
+    configs = [trial_experiment(t, suite_dir).cfg for t in trials(suite)]
     for data in dict.fromkeys(c.data for c in configs):  # each dataset once, before Ray starts
         check_files(data)
     suite_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +160,7 @@ def _stage(
         run_trial,
         lambda params: tune.PlacementGroupFactory(
             trial_resources(
-                experiment_config(Trial("resources", 0, params["trial"]["settings"]), suite_dir),
+                trial_experiment(Trial("resources", 0, params["trial"]["settings"]), suite_dir).cfg,
                 suite.driver_cpus,
             ),
             strategy="PACK",

@@ -229,3 +229,31 @@ def test_plugins_named_on_the_command_line(tmp_path):
     ]  # fmt: skip
     assert main(argv) == 0
     assert raysim.load(tmp_path).config["algo"] == "fedavgm"
+
+
+def test_a_run_looks_its_algorithm_up_and_checks_its_config_once_in_the_driver(tmp_path, monkeypatch):
+    """Item 7 of the small-core issue: the config travels one way. The driver looks the algorithm's
+    class up once to put its paper setup beneath the settings and once in the check; the check
+    runs once; the runner and the executor take the checked experiment and look up nothing."""
+    import raysim.experiment as experiment
+
+    lookups: list[str] = []
+    checks: list[str] = []
+    lookup, check = experiment.algorithm_class, experiment._check_data
+
+    def counted_lookup(name):  # type: ignore[no-untyped-def]
+        lookups.append(name)
+        return lookup(name)
+
+    def counted_check(cfg):  # type: ignore[no-untyped-def]
+        checks.append(cfg.algo)
+        return check(cfg)
+
+    monkeypatch.setattr(experiment, "algorithm_class", counted_lookup)
+    monkeypatch.setattr(experiment, "_check_data", counted_check)
+    settings = {**TINY["set"], "data.val_fraction": 0.2, "algo.phase_switch": "auto", "algo.switch_patience": 1}
+    result = raysim.run(**{**TINY, "algo": "fed3p2", "out": str(tmp_path / "run"), "rounds": 3, "set": settings})
+    assert lookups == ["fed3p2", "fed3p2"]  # the paper setup, the check
+    assert checks == ["fed3p2"]
+    # the round asked for the validation it needed (Fed3+2p's automatic switch), not the runner
+    assert result.metrics["val_gm"].notna().any()
