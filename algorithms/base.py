@@ -2,7 +2,7 @@
 
 An algorithm is one registered class (``@register("fedavg")``) with a frozen ``Config`` dataclass and
 hooks on both sides (docs/design.md, "Algorithm hooks"; the engine's view of them is
-:class:`raysim.hooks.AlgorithmHooks`):
+:class:`raysim.engine.hooks.AlgorithmHooks`):
 
 server side (run inside the server actor)
     ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
@@ -13,15 +13,15 @@ client side (run inside a client worker)
     ``personal_forward(model, eval_payload)``, ``batch_update(ctxs, payloads)``
 
 Everything optional is a frozen capability object declared on the class, with its own module:
-``batching`` (:mod:`raysim.executors.batching`), ``finetune`` (:mod:`raysim.finetune`),
-``regularizers`` (:mod:`raysim.regularizers`), ``extra_rounds`` (:mod:`raysim.extra_rounds`),
-``round_log`` (:mod:`raysim.round_log`) and ``validation`` (:mod:`raysim.validation`). The hooks
+``batching`` (:mod:`raysim.capabilities.batching`), ``finetune`` (:mod:`raysim.capabilities.finetune`),
+``regularizers`` (:mod:`raysim.capabilities.regularizers`), ``extra_rounds`` (:mod:`raysim.capabilities.extra_rounds`),
+``round_log`` (:mod:`raysim.capabilities.round_log`) and ``validation`` (:mod:`raysim.capabilities.validation`). The hooks
 only a capability calls are documented in its module; an algorithm that does not use a feature says
 nothing about it. A new capability is a new module and a class attribute here.
 
 The runner owns the only loop over rounds and clients; an algorithm never writes one. What travels
 (``Job``, ``ClientResult``, ``WeightsPayload``, ...) is in :mod:`raysim.wire`; what a client keeps is
-read and written through its :class:`raysim.context.ClientContext`.
+read and written through its :class:`raysim.toolkit.context.ClientContext`.
 
 Algorithm modules import PyTorch inside their client-side code, not at module level: the driver
 imports the registry to read an algorithm's config and flags, and stays free of PyTorch (which
@@ -34,19 +34,19 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from raysim.capabilities.batching import NO_BATCHING, Batching
+from raysim.capabilities.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
+from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig
-from raysim.executors.batching import NO_BATCHING, Batching
-from raysim.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
-from raysim.finetune import FineTune
 from raysim.registry import ALGORITHMS, DatasetInfo
-from raysim.regularizers import Regularizable
-from raysim.round_log import RoundLog
-from raysim.validation import Validation
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 StateT = TypeVar("StateT")
 
@@ -61,21 +61,21 @@ class Algorithm(Generic[StateT]):
     has_personal_model: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
-    #: "-FT" personalisation, a capability (:class:`raysim.finetune.FineTune`): after the last
+    #: "-FT" personalisation, a capability (:class:`raysim.capabilities.finetune.FineTune`): after the last
     #: round each client fine-tunes the final global model on its own data
     finetune: ClassVar[FineTune | None] = None
-    #: FedDr+'s Table 1 regularisers, a capability (:class:`raysim.regularizers.Regularizable`)
+    #: FedDr+'s Table 1 regularisers, a capability (:class:`raysim.capabilities.regularizers.Regularizable`)
     regularizers: ClassVar[Regularizable | None] = None
     #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
-    #: (:meth:`batch_update`, :mod:`raysim.batched`), or the sentence that says why not
+    #: (:meth:`batch_update`, :mod:`raysim.toolkit.batched`), or the sentence that says why not
     batching: ClassVar[Batching] = NO_BATCHING
     #: passes over every client before round 1 or after the last, a capability
-    #: (:class:`raysim.extra_rounds.ExtraRounds`): FedFCD's and PACFL's round 0, SphereFed's calibration
+    #: (:class:`raysim.capabilities.extra_rounds.ExtraRounds`): FedFCD's and PACFL's round 0, SphereFed's calibration
     extra_rounds: ClassVar[ExtraRounds] = NO_EXTRA_ROUNDS
-    #: scalars, texts and pictures logged each round, a capability (:class:`raysim.round_log.RoundLog`)
+    #: scalars, texts and pictures logged each round, a capability (:class:`raysim.capabilities.round_log.RoundLog`)
     round_log: ClassVar[RoundLog | None] = None
     #: the global model's validation accuracy read during the run, a capability
-    #: (:class:`raysim.validation.Validation`): Fed3+2p's automatic phase switch
+    #: (:class:`raysim.capabilities.validation.Validation`): Fed3+2p's automatic phase switch
     validation: ClassVar[Validation | None] = None
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
@@ -141,7 +141,7 @@ class Algorithm(Generic[StateT]):
 
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]:
         """The local updates of ``ctxs``' clients, client k's from ``payloads[k]``, trained together
-        (an algorithm with ``batching``'s, with :meth:`raysim.context.ClientContext.train_together`).
+        (an algorithm with ``batching``'s, with :meth:`raysim.toolkit.context.ClientContext.train_together`).
         The payloads are one object for a round's single-client jobs; in chains, the k-th
         clients' payloads follow from their chains' previous clients (:meth:`continue_chain`)."""
         raise NotImplementedError(f"{self.name} does not train clients batched")

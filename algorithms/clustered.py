@@ -24,16 +24,16 @@ import numpy as np
 from algorithms.base import Algorithm
 from algorithms.clustering import Clusters, agglomerative, assignment, describe
 from algorithms.fedavg import train_global_parts
-from raysim.aggregate import weighted_mean
-from raysim.executors.batching import Batching
-from raysim.extra_rounds import ExtraRounds
-from raysim.round_log import RoundLog
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.extra_rounds import ExtraRounds
+from raysim.capabilities.round_log import RoundLog
+from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from raysim.wire import ClientResult, WeightsPayload
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Ditto(AveragedWeights):
             raise ConfigError(f"Ditto's lambda must be >= 0, not {params.lam}.")
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
-        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+        from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term
 
         # the global model w, as in FedAvg
         ctx.load(payload.weights)

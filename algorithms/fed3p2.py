@@ -81,22 +81,22 @@ from typing import TYPE_CHECKING, Any, Literal
 from algorithms.base import Algorithm, register
 from algorithms.grouping import Grouping, group_kl, type_a_grouping, type_b_grouping
 from raysim import rng
-from raysim.aggregate import apply_updates, average_uploads, subtract, weighted_mean
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
 from raysim.registry import DatasetInfo
-from raysim.round_log import RoundLog
-from raysim.validation import Validation
+from raysim.toolkit.aggregate import apply_updates, average_uploads, subtract, weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn, TrainStats
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn, TrainStats
 
 FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 values
 
@@ -459,7 +459,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
     def update(self, ctx: ClientContext, payload: Any) -> Update:
         """Each payload kind's local update, described once (:class:`Update`): one-by-one training
         (:meth:`local_update`) and batched training (:meth:`batch_update`) both carry it out."""
-        from raysim.train import cross_entropy, personal_cross_entropy
+        from raysim.toolkit.train import cross_entropy, personal_cross_entropy
 
         p = self.params
         if isinstance(payload, WeightsPayload):  # phase 1 without coordinators: as FedAvg
@@ -493,7 +493,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
         momentum when it carries); in phase 2 one Type-B group's clients (or all, with personal
         filters), each from its filter and P-head on the frozen extractor; with two_phase=false,
         each from W(t) and its own P-head."""
-        from raysim.context import ClientContext
+        from raysim.toolkit.context import ClientContext
 
         first = payloads[0]
         chains = all(isinstance(q, ChainPayload) and q.lr == first.lr for q in payloads)

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from algorithms.base import Algorithm, register
-from raysim.aggregate import weighted_mean
+from raysim.capabilities.round_log import RoundLog
 from raysim.errors import ConfigError
-from raysim.round_log import RoundLog
+from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,12 @@ class FedAMP(Algorithm[AMPState]):
         return AMPState(tuple(models), rows, tuple(jr.final.client for jr in results))
 
     def round_images(self, state: AMPState, rnd: int) -> dict[str, np.ndarray]:
-        from raysim.tensorboard import heat_map
+        from raysim.results.tensorboard import heat_map
 
         return {"attention": heat_map(state.attention)} if state.attention.size else {}
 
     def local_update(self, ctx: ClientContext, payload: AMPPayload) -> ClientResult:
-        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+        from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term
 
         ctx.load(payload.cloud)
         anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)  # u_i

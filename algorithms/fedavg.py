@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from algorithms.base import Algorithm, register
-from raysim.aggregate import average_uploads
-from raysim.executors.batching import Batching, train_received
-from raysim.finetune import FineTune
-from raysim.regularizers import Regularizable
+from raysim.capabilities.batching import Batching, train_received
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
+from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def train_global_parts(
     """FedAvg's client step: start from the received extractor, filter and head, train them for E
     epochs, upload them. The loss is ``objective()`` (cross-entropy on the global path by default),
     asked for once the received weights are loaded, so that it may read them (FedProx's w^t)."""
-    from raysim.train import cross_entropy
+    from raysim.toolkit.train import cross_entropy
 
     ctx.load(payload.weights)
     stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=objective() if objective else cross_entropy)
@@ -73,7 +73,7 @@ class FedAvg(AveragedWeights):
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """The local objective, made with the received weights loaded in ``ctx.model`` (FedProx
         adds its proximal term to them here)."""
-        from raysim.train import cross_entropy
+        from raysim.toolkit.train import cross_entropy
 
         return cross_entropy
 

@@ -4,7 +4,7 @@ same everywhere) and frozen during federated training; only the body (``extracto
 trained with cross-entropy and averaged by training-set size. FedBABU-FT: after the last round
 each client fine-tunes the whole global model (body and head) with cross-entropy on its own data
 for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the initial rate), the engine's "-FT"
-(:class:`raysim.finetune.FineTune`); ``lm_ptest`` at the last round reports them.
+(:class:`raysim.capabilities.finetune.FineTune`); ``lm_ptest`` at the last round reports them.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import register
 from algorithms.frozen_head import FrozenHead, GlobalEval
-from raysim.finetune import FineTune
+from raysim.capabilities.finetune import FineTune
 from raysim.weights import BODY
 from raysim.wire import ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @register("fedbabu")
@@ -32,7 +32,7 @@ class FedBABU(FrozenHead):
 
     def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
         """Cross-entropy, the head frozen."""
-        from raysim.train import cross_entropy
+        from raysim.toolkit.train import cross_entropy
 
         return cross_entropy
 

@@ -40,7 +40,7 @@ from raysim.errors import ConfigError
 from raysim.wire import ClientResult
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)

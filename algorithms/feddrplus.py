@@ -39,8 +39,8 @@ from raysim.wire import ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
 
-    from raysim.context import ClientContext
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)

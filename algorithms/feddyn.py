@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from algorithms.base import Algorithm, register
-from raysim.aggregate import apply_updates, subtract, weighted_mean
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.finetune import FineTune
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.finetune import FineTune
+from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class FedDyn(Algorithm[DynState]):
         import torch
 
         from raysim.models import flat_from_parameters, parameter_views, parameters_of
-        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+        from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term
 
         alpha = self.params.alpha
         ctx.load(payload.weights)

@@ -43,22 +43,22 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from algorithms.frozen_head import drplus_setup, etf_classifier
 from raysim import rng
-from raysim.aggregate import average_uploads
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
+from raysim.capabilities.round_log import RoundLog
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
-from raysim.regularizers import Regularizable
-from raysim.round_log import RoundLog
+from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)

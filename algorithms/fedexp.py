@@ -30,9 +30,9 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.aggregate import apply_updates, subtract, weighted_mean
+from raysim.capabilities.round_log import RoundLog
 from raysim.errors import ConfigError
-from raysim.round_log import RoundLog
+from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult, ServerContext
 

@@ -37,19 +37,19 @@ import numpy as np
 
 from algorithms.base import Algorithm, register
 from raysim import rng
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.extra_rounds import ExtraRounds
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.extra_rounds import ExtraRounds
-from raysim.prototypes import ClassMeans, train_head_on_class_means, weighted_means
 from raysim.registry import DatasetInfo
+from raysim.toolkit.prototypes import ClassMeans, train_head_on_class_means, weighted_means
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 OWN_PARTS = (*BODY, "phead")  # theta_i and phi_i, kept on the client's home worker
 
@@ -168,8 +168,8 @@ class FedFCD(Algorithm[FCDState]):
     def local_update(self, ctx: ClientContext, payload: FCDPayload) -> ClientResult:
         import torch
 
-        from raysim.features import aligned_cross_entropy, fused_logits
-        from raysim.train import TrainStats
+        from raysim.toolkit.features import aligned_cross_entropy, fused_logits
+        from raysim.toolkit.train import TrainStats
 
         own = ctx.kept(OWN_PARTS)
         if payload.head is None:  # round 0: the first LFRs, no training
@@ -212,7 +212,7 @@ class FedFCD(Algorithm[FCDState]):
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The fused decision (Eq. 7-8): global head's plus local head's logits on the same z."""
-        from raysim.features import fused_forward
+        from raysim.toolkit.features import fused_forward
 
         return fused_forward(model) if self.params.fusion else model.personal_forward
 

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import Algorithm, register
 from raysim import rng
+from raysim.capabilities.batching import Batching
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.prototypes import ClassMeans, train_head_on_class_means
+from raysim.toolkit.prototypes import ClassMeans, train_head_on_class_means
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)

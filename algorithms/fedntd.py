@@ -7,7 +7,7 @@ at temperature tau over the logits of the classes other than the true one (Eq. 4
 model's knowledge of the classes a sample is *not* is kept, while the true class is learnt freely.
 The teacher is the received global model, frozen for the round; the server averages as FedAvg.
 ``beta`` and ``tau`` default to (1, 3), FedDr+'s Tables 6-7 setting for FedNTD (the authors' code
-has the tau^2 factor and the batch-mean KL; see :func:`raysim.distill.not_true_distillation`).
+has the tau^2 factor and the batch-mean KL; see :func:`raysim.toolkit.distill.not_true_distillation`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from raysim.wire import WeightsPayload
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class FedNTD(FedAvg):
     Config = FedNTDConfig
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
-        from raysim.distill import not_true_distillation
+        from raysim.toolkit.distill import not_true_distillation
 
         beta, tau = self.params.beta, self.params.tau
         teacher = ctx.teacher(payload.weights)  # the received global model, frozen

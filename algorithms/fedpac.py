@@ -9,7 +9,7 @@ averaged by training-set size; ``head`` is client i's personal classifier phi_i.
 Client round, given the global theta, the global centroids c and its own phi_i:
 1. Under the received model, before training: class priors p_i(c), H_i (row c = p_i(c) mu_i(c)) and
    V_i = (1/n_i) sum_c [p_i(c) mean_{z in c} ||z||^2 - p_i(c)^2 ||mu_i(c)||^2]
-   (:func:`raysim.features.pac_statistics`).
+   (:func:`raysim.toolkit.features.pac_statistics`).
 2. phi_i trained ``head_epochs`` (1) epochs at ``head_lr`` (0.1) with theta frozen; with
    ``head_prox_mu`` > 0 the loss gains mu/2 ||phi - phi^t||^2 (the report's addition, Eq. 6).
 3. theta trained E epochs with phi_i frozen on CE + lambda (1/d) ||z - c_y||^2 (feature alignment, FA;
@@ -38,20 +38,20 @@ import numpy as np
 
 from algorithms.base import Algorithm, register
 from algorithms.collaboration import combination_weights
-from raysim.aggregate import weighted_mean
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.round_log import RoundLog
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.prototypes import ClassMeans, weighted_means
 from raysim.registry import DatasetInfo
-from raysim.round_log import RoundLog
+from raysim.toolkit.aggregate import weighted_mean
+from raysim.toolkit.prototypes import ClassMeans, weighted_means
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class FedPAC(Algorithm[PACState]):
         return {"alpha_self": float(np.mean(np.diag(state.alpha)))}
 
     def round_images(self, state: PACState, rnd: int) -> dict[str, np.ndarray]:
-        from raysim.tensorboard import heat_map
+        from raysim.results.tensorboard import heat_map
 
         return {"alpha": heat_map(state.alpha)} if state.alpha.size else {}
 
@@ -195,8 +195,8 @@ class FedPAC(Algorithm[PACState]):
     def local_update(self, ctx: ClientContext, payload: PACPayload) -> ClientResult:
         import torch.nn.functional as F
 
-        from raysim.features import aligned_cross_entropy, extract_features, pac_statistics
-        from raysim.train import proximal_anchor, proximal_term
+        from raysim.toolkit.features import aligned_cross_entropy, extract_features, pac_statistics
+        from raysim.toolkit.train import proximal_anchor, proximal_term
 
         p = self.params
         ctx.load(payload.body.merged(self._head(ctx, payload.head)))

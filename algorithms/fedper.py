@@ -38,7 +38,7 @@ class SharedBody(SharedAndPersonal):
 class FedPer(SharedBody):
     def passes(self) -> list[Pass]:
         """One pass of body and head, cross-entropy."""
-        from raysim.train import cross_entropy
+        from raysim.toolkit.train import cross_entropy
 
         return [Pass((*BODY, "head"), cross_entropy)]
 
@@ -60,7 +60,7 @@ class FedRep(SharedBody):
 
     def passes(self) -> list[Pass]:
         """The head (the body frozen, the received one), then the body (the client's head frozen)."""
-        from raysim.train import cross_entropy
+        from raysim.toolkit.train import cross_entropy
 
         p = self.params
         return [Pass(("head",), cross_entropy, p.head_epochs), Pass(BODY, cross_entropy, p.body_epochs)]

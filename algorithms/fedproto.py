@@ -5,7 +5,7 @@ comparisons come from (PFLlib) runs it: only class prototypes travel; every mode
 - Each client keeps its whole model (body and ``head``) on its home worker and trains it for E epochs
   on CE + lambda * (1/d) ||z - C_bar^(y)||^2 (classes without a global prototype add nothing).
 - It uploads its class prototypes C_i^(j) (class means of z under its trained body) and counts
-  (``raysim.prototypes.ClassMeans``).
+  (``raysim.toolkit.prototypes.ClassMeans``).
 - Server: C_bar^(j) = the unweighted mean of the round's C_i^(j) over the clients holding class j.
 - LM: with ``predict="proto"`` (default) a sample goes to the nearest global prototype,
   argmin_j ||z - C_bar^(j)||; ``predict="head"`` uses the client's own head. No global model.
@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from algorithms.base import Algorithm, register
+from raysim.capabilities.batching import Batching
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.prototypes import ClassMeans, plain_means
+from raysim.toolkit.prototypes import ClassMeans, plain_means
 from raysim.weights import BODY
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 OWN_PARTS = (*BODY, "head")
 
@@ -85,7 +85,7 @@ class FedProto(Algorithm[ProtoState]):
 
     def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
 
-        from raysim.features import aligned_cross_entropy
+        from raysim.toolkit.features import aligned_cross_entropy
 
         ctx.load(ctx.kept(OWN_PARTS))
         loss_fn = aligned_cross_entropy(self.params.lam, payload.protos, payload.mask, ctx.device)
@@ -102,7 +102,7 @@ class FedProto(Algorithm[ProtoState]):
             return model
         import torch
 
-        from raysim.features import representation
+        from raysim.toolkit.features import representation
 
         def nearest_prototype(x: torch.Tensor) -> torch.Tensor:
             z = representation(model, x)

@@ -16,9 +16,9 @@ from raysim.wire import WeightsPayload
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class FedProx(FedAvg):
     Config = FedProxConfig
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
-        from raysim.train import cross_entropy, proximal_anchor, proximal_term
+        from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term
 
         mu = self.params.mu
         anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)  # w^t: the received model, just loaded

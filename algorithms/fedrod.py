@@ -21,8 +21,8 @@ from raysim.weights import GLOBAL_PARTS
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @register("fedrod")
@@ -38,7 +38,7 @@ class FedRoD(SharedAndPersonal):
         return [Pass((*GLOBAL_PARTS, "phead"), rod_loss, inputs=log_prior_of)]
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
-        from raysim.features import fused_forward
+        from raysim.toolkit.features import fused_forward
 
         return fused_forward(model)
 
@@ -63,7 +63,7 @@ def rod_losses(model: SplitModel, x: torch.Tensor, y: torch.Tensor, log_prior: t
     import torch
     import torch.nn.functional as F
 
-    from raysim.features import representation
+    from raysim.toolkit.features import representation
 
     z = representation(model, x)
     generic = model.head(z)

@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm
-from raysim.aggregate import average_uploads
+from raysim.capabilities.batching import Batching, train_received
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching, train_received
-from raysim.finetune import FineTune
 from raysim.registry import DatasetInfo
-from raysim.regularizers import Regularizable
+from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, WeightsPayload
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def dr_loss(beta: float, teacher: SplitModel | None) -> LossFn:
     import torch
     import torch.nn.functional as F
 
-    from raysim.features import representation
+    from raysim.toolkit.features import representation
 
     def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = representation(model, x)

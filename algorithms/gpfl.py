@@ -39,16 +39,16 @@ import numpy as np
 
 from algorithms.base import Algorithm, register
 from raysim import rng
-from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
+from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 SHARED = ("extractor", "filter")
 PERSONAL = ("head",)

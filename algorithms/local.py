@@ -24,7 +24,7 @@ from raysim.registry import MODELS, dataset_info
 from raysim.weights import BODY, GLOBAL_PARTS, ModelWeights
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
 @dataclass(frozen=True)
 class LocalConfig:
@@ -69,7 +69,7 @@ class Local(SharedAndPersonal):
     def passes(self) -> list[Pass]:
         """One pass of the configured epochs. ce: the whole model; ce_etf: the body, cross-entropy
         on the frozen ETF's logits; dr: the body, dot-regression."""
-        from raysim.train import cross_entropy
+        from raysim.toolkit.train import cross_entropy
 
         if self.params.loss == "ce":
             return [Pass(GLOBAL_PARTS, cross_entropy)]

@@ -44,7 +44,7 @@ from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
 
 
@@ -113,7 +113,7 @@ class PACFL(OneShotClustered):
         return SubspaceRequest(self.params.basis)
 
     def prologue_update(self, ctx: ClientContext, payload: SubspaceRequest) -> ClientResult:
-        from raysim.train import TrainStats
+        from raysim.toolkit.train import TrainStats
 
         x, y = ctx.train_tensors()
         u = class_subspaces(x.cpu().numpy(), y.cpu().numpy(), payload.basis)

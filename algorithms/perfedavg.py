@@ -35,8 +35,8 @@ from raysim.wire import ClientResult, WeightsPayload
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 Batch = tuple["torch.Tensor", "torch.Tensor"]
 
@@ -105,7 +105,7 @@ class PerFedAvg(AveragedWeights):
     has_personal_model = True
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
-        from raysim.train import TrainStats, set_trainable
+        from raysim.toolkit.train import TrainStats, set_trainable
 
         p = self.params
         ctx.load(payload.weights)
@@ -125,7 +125,7 @@ class PerFedAvg(AveragedWeights):
 
     def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
         """The global model after one gradient step of size alpha on a batch of the client's data."""
-        from raysim.train import set_trainable
+        from raysim.toolkit.train import set_trainable
 
         ctx.load(eval_payload)
         params = set_trainable(ctx.model, GLOBAL_PARTS)

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import numpy as np
 
 from algorithms.fedavg import AveragedWeights
-from raysim.executors.batching import Batching
+from raysim.capabilities.batching import Batching
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import TrainStats
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import TrainStats
 
 
 class Pass(NamedTuple):
@@ -73,7 +73,7 @@ class SharedAndPersonal(AveragedWeights):
         from the received shared parts and its own personal ones. In a pass, the untrained parts
         whose values differ between the clients (e.g. personal heads, or parts an earlier pass
         trained) enter as each client's own (``frozen``); those equal for all are shared."""
-        from raysim.context import ClientContext
+        from raysim.toolkit.context import ClientContext
 
         payload = payloads[0]
         if any(p is not payload for p in payloads):

@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import register
 from algorithms.fedavg import AveragedWeights, GlobalState
-from raysim.aggregate import weighted_mean
 from raysim.errors import ConfigError
+from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, JobResult, WeightsPayload
 
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class PFedMe(AveragedWeights):
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         import torch
 
-        from raysim.train import TrainStats, set_trainable
+        from raysim.toolkit.train import TrainStats, set_trainable
 
         p = self.params
         ctx.load(payload.weights)

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, register
-from raysim.aggregate import apply_updates, subtract
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.finetune import FineTune
 from raysim.errors import ConfigError
-from raysim.executors.batching import Batching
-from raysim.finetune import FineTune
+from raysim.toolkit.aggregate import apply_updates, subtract
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ import numpy as np
 from algorithms.base import register
 from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup
 from raysim import rng
+from raysim.capabilities.extra_rounds import ExtraRounds
+from raysim.capabilities.finetune import FineTune
 from raysim.errors import ConfigError
-from raysim.extra_rounds import ExtraRounds
-from raysim.finetune import FineTune
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -60,9 +60,9 @@ from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayl
 if TYPE_CHECKING:
     import torch
 
-    from raysim.context import ClientContext
     from raysim.models import SplitModel
-    from raysim.train import LossFn
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class SphereFed(FrozenHead):
 
     # ---------------------------------------------------------------------------------------- client
     def local_update(self, ctx: ClientContext, payload: WeightsPayload | CalibrationPayload) -> ClientResult:
-        from raysim.train import TrainStats
+        from raysim.toolkit.train import TrainStats
 
         if isinstance(payload, CalibrationPayload):
             ctx.load(payload.weights)
@@ -219,7 +219,7 @@ def feature_moments(ctx: ClientContext) -> FeatureMoments:
     eval mode), in float64."""
     import torch
 
-    from raysim.features import extract_features
+    from raysim.toolkit.features import extract_features
 
     x, y = ctx.train_tensors()
     z = extract_features(ctx.model, x).to(torch.float64)

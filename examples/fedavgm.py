@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # raysim from a ch
 import raysim  # noqa: E402
 from algorithms.base import register  # noqa: E402
 from algorithms.fedavg import FedAvg  # noqa: E402
-from raysim.aggregate import average_uploads  # noqa: E402
+from raysim.toolkit.aggregate import average_uploads  # noqa: E402
 from raysim.weights import ModelWeights, map_parts  # noqa: E402
 
 

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from raysim.config import ExperimentConfig, load_config_file, merge, set_dotted, to_dict
 from raysim.errors import ConfigError
-from raysim.flags import flag_keys
+from raysim.keywords import flag_keys
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from raysim.experiment import Experiment
-    from raysim.output import Callback
+    from raysim.engine.experiment import Experiment
+    from raysim.results.output import Callback
 
 def settings_of(given: Mapping[str, Any] | Sequence[str] | None) -> dict[str, Any]:
     """``set=``'s settings: a mapping of dotted keys to values, or ``--set``'s ``KEY=VALUE`` texts."""
@@ -74,10 +74,10 @@ def checked_experiment(
     set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
     **flags: Any,
 ) -> Experiment:
-    """:func:`make_config`'s experiment as :func:`raysim.experiment.validate` returns it (the
+    """:func:`make_config`'s experiment as :func:`raysim.engine.experiment.validate` returns it (the
     config and its algorithm, looked up and checked once), which a run takes without checking it
     again."""
-    from raysim.experiment import resolve_config, validate
+    from raysim.engine.experiment import resolve_config, validate
 
     keys = flag_keys()
     unknown = sorted(set_ for set_ in flags if set_ not in keys)
@@ -145,16 +145,16 @@ def run(
     **flags: Any,
 ) -> Result:
     """Run one experiment (see the module docstring for the settings); ``callbacks`` see every
-    round and evaluation (:class:`raysim.output.Callback`). Returns its :class:`Result`."""
+    round and evaluation (:class:`raysim.results.output.Callback`). Returns its :class:`Result`."""
+    from raysim.engine.runner import run_experiment
     from raysim.plugins import used_plugins
-    from raysim.runner import run_experiment
 
     exp = checked_experiment(config, set=set, **flags)
     cfg = dataclasses.replace(exp.cfg, plugins=used_plugins(exp.cfg))
     exp = dataclasses.replace(exp, cfg=cfg)
     extra = list(callbacks)
     if cfg.output.progress:
-        from raysim.output import ProgressBar
+        from raysim.results.output import ProgressBar
 
         extra.append(ProgressBar())
     result = run_experiment(exp, extra)

@@ -1,7 +1,7 @@
 """Checkpoints: everything a run needs to go on from a round boundary as if it had never stopped.
 
 A checkpoint is one file, ``RUN_DIR/checkpoint.pkl``, replaced atomically (written beside it, then
-renamed: :func:`raysim.output.replaced_atomically`, as the run's tables are) so that a run killed
+renamed: :func:`raysim.results.output.replaced_atomically`, as the run's tables are) so that a run killed
 while writing one still has the previous one. It holds
 
 - the executor's :class:`~raysim.records.Snapshot`: the round it was taken after (0: after the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.output import replaced_atomically
+from raysim.files import replaced_atomically
 from raysim.records import RunTotals, Snapshot
 
 log = logging.getLogger(__name__)

@@ -2,10 +2,10 @@
 
 Everything an experiment needs is an :class:`ExperimentConfig`: a tree of frozen dataclasses with one
 place for each default. It loads from a YAML or TOML file (:func:`load_config_file`), takes dotted
-overrides (``train.lr=0.05``) and is validated as a whole (:func:`raysim.experiment.validate`, which
+overrides (``train.lr=0.05``) and is validated as a whole (:func:`raysim.engine.experiment.validate`, which
 reads the registries) before any work starts. The algorithm's own parameters live in ``algo_params``
 and are turned into the algorithm's typed, frozen config (its ``Config``) by
-:func:`raysim.experiment.algorithm_params`.
+:func:`raysim.engine.experiment.algorithm_params`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class TrainConfig:
     #: ``cpus_per_worker`` jobs at once, see ``ray.jobs_per_worker``), ``cpus_per_worker`` (at least 1)
     #: on a GPU worker
     threads: int | None = setting(None, at_least=1)
-    #: train up to this many clients of a round at once, as one batched computation (raysim.batched),
+    #: train up to this many clients of a round at once, as one batched computation (raysim.toolkit.batched),
     #: where the algorithm and the model allow it; 1: one by one
     batch_clients: int = setting(1, at_least=1)
     #: leave out each epoch's last, partial mini-batch (PyTorch's ``DataLoader(drop_last=True)``):
@@ -126,7 +126,7 @@ class EvalConfig:
     batch_size: int = setting(500, at_least=1)
     #: summary.json's "last": the mean of each metric over its last k evaluations
     last_k: int = setting(5, at_least=1)
-    #: FedDr+'s analyses (raysim.analysis): per-class accuracy, observed/unobserved-class accuracy,
+    #: FedDr+'s analyses (raysim.results.analysis): per-class accuracy, observed/unobserved-class accuracy,
     #: feature-classifier alignment and feature norm, of the global and the local models
     analyses: bool = False
 

@@ -58,7 +58,7 @@ class ClientEval:
     n_test: int
     gm_correct: int | None
     lm_correct: int | None
-    #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.analysis)
+    #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.results.analysis)
     gm_split: dict[str, float | None] | None = None
 
 
@@ -74,7 +74,7 @@ class EvalReport:
 @dataclass(frozen=True)
 class Snapshot:
     """Everything an executor holds of a run at a round boundary: the server state and every
-    client's memory (``raysim.context.ClientMemory``) as of the completed round ``round`` (0: after
+    client's memory (``raysim.toolkit.context.ClientMemory``) as of the completed round ``round`` (0: after
     the prologue; -1: nothing completed yet). A checkpoint embeds one; ``Executor.restore`` puts
     one back."""
 

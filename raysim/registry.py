@@ -525,7 +525,7 @@ MODELS.register("resnet18", ModelEntry(_M + "resnet18", 512, description="ResNet
 
 @dataclass(frozen=True)
 class ExecutorEntry:
-    """``cls.start(cfg, load_data)`` returns a running executor (``raysim.executors.base.Executor``)."""
+    """``cls.start(cfg, load_data)`` returns a running executor (``raysim.engine.executors.base.Executor``)."""
 
     cls: Ref
     description: str
@@ -535,11 +535,11 @@ EXECUTORS: Registry[ExecutorEntry] = Registry("executor")
 EXECUTORS.register(
     "ray",
     ExecutorEntry(
-        "raysim.executors.ray_executor:RayExecutor", "client-worker actors and a server actor on Ray"
+        "raysim.engine.executors.ray_executor:RayExecutor", "client-worker actors and a server actor on Ray"
     ),
 )
 EXECUTORS.register(
-    "serial", ExecutorEntry("raysim.executors.serial:SerialExecutor", "everything in this process")
+    "serial", ExecutorEntry("raysim.engine.executors.serial:SerialExecutor", "everything in this process")
 )
 
 #: the algorithm classes (``algorithms.base.Algorithm`` subclasses), registered by their modules

@@ -52,7 +52,7 @@ class ClientResult:
     #: samples it trained on in this update, over every epoch and pass: its compute (a client-epoch
     #: is num_samples of them)
     samples_trained: int = 0
-    #: ``eval.analyses``: the local model's ``local_*`` values (raysim.analysis), at evaluated rounds
+    #: ``eval.analyses``: the local model's ``local_*`` values (raysim.results.analysis), at evaluated rounds
     analysis: dict[str, float | None] | None = None
 
 

@@ -104,15 +104,15 @@ def ray_local() -> Iterator[None]:
 @pytest.fixture
 def executors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The executors ``run_experiment`` starts in this test, so that it can kill their actors."""
-    import raysim.runner
+    import raysim.engine.runner
 
     started: list[Any] = []
-    real_start = raysim.runner.start
+    real_start = raysim.engine.runner.start
 
     def start(*args: Any, **kwargs: Any) -> Any:
         executor = real_start(*args, **kwargs)
         started.append(executor)
         return executor
 
-    monkeypatch.setattr(raysim.runner, "start", start)
+    monkeypatch.setattr(raysim.engine.runner, "start", start)
     return started

@@ -103,7 +103,7 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
     """The run's metric rows and per-client rows, without wall times."""
     import pyarrow.parquet as pq
 
-    from raysim.runner import run_experiment
+    from raysim.engine.runner import run_experiment
     from tests.conftest import without_times
 
     result = run_experiment(case_config(name, out))

@@ -5,7 +5,7 @@ grid of settings, times seeds; or a search over ranges of settings (any Tune sea
 scheduler). :func:`run_suite` runs every trial on one Ray cluster with Ray Tune: each trial is one
 raysim experiment inside its own placement group (a head bundle for the trial's driver and server,
 one bundle per client worker with the run's CPU and GPU shares), so trials queue when the cluster is
-full instead of oversubscribing it. A trial runs :func:`raysim.runner.run_experiment` exactly as
+full instead of oversubscribing it. A trial runs :func:`raysim.engine.runner.run_experiment` exactly as
 ``scripts/run.py`` would, with the same settings, so its numbers are that run's.
 
 The suite directory holds ``suite.yaml`` (the suite), ``runs/<trial>/`` (each trial's run
@@ -13,7 +13,7 @@ directory: Parquet tables, TensorBoard, config, checkpoints), ``tune/`` (Tune's 
 ``--resume``), and once the trials are done ``metrics.parquet`` (every trial's rows, with their
 configuration and seed), ``summary.json`` (per configuration the mean and std over seeds of the
 final, best and last-k metrics) and ``report.md`` with curves banded over seeds
-(:mod:`raysim.report`). An interrupted suite (Ctrl-C, a lost driver) is finished by
+(:mod:`raysim.results.report`). An interrupted suite (Ctrl-C, a lost driver) is finished by
 :func:`run_suite` with ``resume=True`` (Tune's restore): finished trials are not run again, and the
 ones that were running go on from their raysim checkpoint.
 

@@ -1,6 +1,6 @@
 """A suite's results: every trial's rows in ``metrics.parquet``, per configuration the mean and std
 over seeds of the final, best and last-k metrics in ``summary.json``, and ``report.md`` with its
-plots (:mod:`raysim.report`)."""
+plots (:mod:`raysim.results.report`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.metrics import METRICS, MetricHistory
+from raysim.results.metrics import METRICS, MetricHistory
 from raysim.suite.spec import TRIAL_FILE, Suite
 
 
@@ -40,7 +40,7 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raysim.output import replaced_atomically
+    from raysim.files import replaced_atomically
 
     settings = {c.name: dict(c.settings) for c in suite.configs}
     papers = {c.name: c.paper for c in suite.configs}
@@ -102,7 +102,7 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
     }
     with replaced_atomically(suite_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    from raysim.report import write_suite_report
+    from raysim.results.report import write_suite_report
 
     write_suite_report(suite_dir)
     return summary

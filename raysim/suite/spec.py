@@ -16,7 +16,7 @@ from raysim.config import ExperimentConfig, load_config_file, set_dotted
 from raysim.errors import ConfigError
 
 if TYPE_CHECKING:
-    from raysim.experiment import Experiment
+    from raysim.engine.experiment import Experiment
 
 SUITE_FILE = "suite.yaml"
 STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
@@ -121,7 +121,7 @@ class Trial:
 def setting_key(name: str) -> str:
     """A setting as a dotted config key: ``train.lr`` stays, a flag's name (``rounds``,
     ``local_epochs``, ``dataset``) becomes its key."""
-    from raysim.flags import FLAGS
+    from raysim.keywords import FLAGS
 
     if "." in name or name in {f.name for f in dataclasses.fields(ExperimentConfig)}:
         return name
@@ -187,8 +187,8 @@ def expand_grid(
 
 
 def _algorithm_has(algo: str, param: str) -> bool:
-    from raysim.experiment import KEYWORD_PARAMS, algorithm_class
-    from raysim.hooks import engine_params
+    from raysim.capabilities.settings import engine_params
+    from raysim.engine.experiment import KEYWORD_PARAMS, algorithm_class
 
     cls = algorithm_class(algo)
     names = {f.name for f in dataclasses.fields(cls.Config)}
@@ -501,7 +501,7 @@ def with_references(base: Mapping[str, Any], settings: Mapping[str, Any]) -> dic
 def trial_experiment(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | None = None) -> Experiment:
     """The trial's experiment, as ``run.py`` with its settings would resolve and check it (the
     algorithm's paper setup beneath them), in ``run_dir`` on the Ray session it runs in."""
-    from raysim.experiment import resolve_config, validate
+    from raysim.engine.experiment import resolve_config, validate
 
     nested: dict[str, Any] = {}
     for key, value in {**trial.settings, **(sampled or {})}.items():

@@ -13,7 +13,7 @@ from typing import Any
 
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
-from raysim.output import BaseCallback
+from raysim.results.output import BaseCallback
 from raysim.suite.results import collect, equal_compute_of
 from raysim.suite.spec import (
     SCHEDULERS,
@@ -52,7 +52,7 @@ def run_trial(params: dict[str, Any]) -> None:
     from ray import tune
 
     from raysim import checkpoint as checkpoint_mod
-    from raysim.runner import run_experiment
+    from raysim.engine.runner import run_experiment
 
     t = params["trial"]
     trial = Trial(t["config"], int(t["seed"]), t["settings"])
@@ -105,7 +105,7 @@ def run_suite(
     import os
 
     from raysim.data.loading import check_files
-    from raysim.executors import session
+    from raysim.engine.executors import session
 
     if max_concurrent is not None and max_concurrent < 1:
         raise ConfigError(
@@ -152,7 +152,7 @@ def _stage(
     left unfinished."""
     from ray import tune
 
-    from raysim.tune_progress import SuiteProgress
+    from raysim.suite.progress import SuiteProgress
 
     if not todo:
         return 0

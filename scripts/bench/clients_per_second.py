@@ -40,10 +40,10 @@ def main() -> None:
 
     import torch
 
-    from raysim.client import ClientRuntime
     from raysim.config import ExperimentConfig, RayConfig
     from raysim.data import build_federated_data
-    from raysim.runner import prepare
+    from raysim.engine.client import ClientRuntime
+    from raysim.engine.runner import prepare
     from raysim.wire import WeightsPayload
 
     cfg = ExperimentConfig()

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 def child(layout: str, rounds: int, cpus: float, out: str) -> None:
     """One layout, in this process: the run, with each round's wall time kept."""
-    from raysim.cli import config_from_args
-    from raysim.output import BaseCallback
-    from raysim.runner import run_experiment
+    from raysim.commands.run import config_from_args
+    from raysim.engine.runner import run_experiment
+    from raysim.results.output import BaseCallback
 
     kind, workers = layout.split(":")
     w = int(workers)

@@ -7,7 +7,7 @@ Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 cl
 - ``plain``: one PyTorch process, every core as intra-op threads, the same clients, batches, model
   and averaging written as a plain loop (no raysim engine, no Ray);
 - ``raysim_1w``: ``scripts/run.py`` on local Ray, 1 client worker using every core (by default one
-  job slot per core, each job on one thread: ``raysim.executors.slots``);
+  job slot per core, each job on one thread: ``raysim.engine.executors.slots``);
 - ``raysim_2w``: ``scripts/run.py`` on local Ray, 2 client workers with one core each;
 - ``raysim_2w_batched``: the same with ``--batch-clients K`` (``--batch-clients``, default 5): each
   worker trains its clients K at a time as one batched computation.

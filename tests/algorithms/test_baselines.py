@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.aggregate import weighted_mean
-from raysim.context import ClientContext
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
+from raysim.toolkit.aggregate import weighted_mean
+from raysim.toolkit.context import ClientContext
 from raysim.weights import BODY, GLOBAL_PARTS, PARTS
 from tests.conftest import run_round, tiny_config
 

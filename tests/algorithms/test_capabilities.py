@@ -7,9 +7,9 @@ import pytest
 
 import algorithms  # noqa: F401  (registers every algorithm)
 from algorithms.base import Algorithm
+from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.validation import Validation
 from raysim.registry import ALGORITHMS
-from raysim.round_log import RoundLog
-from raysim.validation import Validation
 
 CAPABILITIES = {"round_log": RoundLog.HOOKS, "validation": Validation.HOOKS}
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from algorithms.clustering import agglomerative, assignment, bipartition, cosine_similarity
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 from tests.conftest import run_round, tiny_config, without_times
@@ -286,7 +286,7 @@ def test_gpfl_personal_model_predicts_through_the_personalised_valve(tmp_path):
     cfg = tiny_config(tmp_path, algo="gpfl")
     ex = SerialExecutor(cfg, prepare(cfg))
     run_round(ex, 1, [1, 2])
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
     algo, state = ex.runtime.algo, ex.server.state
     x, y = ex.runtime.gather(ex.runtime.data.train, ex.runtime.data.client_train[1])

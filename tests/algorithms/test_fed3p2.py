@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.aggregate import weighted_mean
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
+from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 from tests.conftest import tiny_config
@@ -135,8 +135,8 @@ def test_phase2_freezes_extractor_and_ghead_shares_filters_keeps_pheads(tmp_path
         np.testing.assert_array_equal(f.filter, expected.filter)
     # every client's local model: the frozen extractor, its group's filter, its own P-head
     ev = ex.server.eval_payload()
-    from raysim.context import ClientContext
     from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
 
     pheads = []
     for c in range(12):

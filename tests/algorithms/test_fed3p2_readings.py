@@ -10,12 +10,12 @@ import pytest
 
 from algorithms.grouping import group_kl
 from raysim import rng
-from raysim.context import ClientContext
+from raysim.engine.experiment import validate
+from raysim.engine.runner import run_experiment
 from raysim.errors import ConfigError
-from raysim.experiment import validate
 from raysim.models import parameter_views
-from raysim.runner import run_experiment
-from raysim.train import SGDConfig, local_train
+from raysim.toolkit.context import ClientContext
+from raysim.toolkit.train import SGDConfig, local_train
 from raysim.weights import GLOBAL_PARTS
 from tests.algorithms.test_fed3p2 import SETUP, Recorder, _executor
 from tests.conftest import tiny_config, without_times

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 from tests.conftest import tiny_config, without_times

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from algorithms.frozen_head import dr_loss, etf_classifier
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.experiment import validate as check_config
+from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
-from raysim.executors.serial import SerialExecutor
-from raysim.experiment import validate as check_config
-from raysim.runner import prepare, run_experiment
 from raysim.weights import BODY
 from tests.conftest import tiny_config
 
@@ -97,8 +97,8 @@ def test_feature_distillation_vanishes_when_local_equals_global_and_dotreg_has_n
 def test_prediction_by_cosine_equals_the_heads_argmax(tmp_path):
     import torch
 
-    from raysim.features import representation
     from raysim.models import set_weights
+    from raysim.toolkit.features import representation
 
     ex = _executor(tmp_path)
     model = ex.runtime.model
@@ -111,8 +111,8 @@ def test_prediction_by_cosine_equals_the_heads_argmax(tmp_path):
 
 
 def test_ft_fine_tunes_the_global_model_on_each_clients_own_data_after_the_rounds(tmp_path):
-    from raysim.context import ClientContext
-    from raysim.train import SGDConfig, local_train
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import SGDConfig, local_train
 
     ex = _executor(tmp_path, **{"algo.ft_epochs": 2})
     ex.train_round(1, [0, 1, 2, 3])
@@ -164,7 +164,7 @@ def test_feddrplus_reports_ft_accuracy_at_the_last_round_only(tmp_path):
 def test_local_variants_train_the_body_under_the_frozen_etf(tmp_path, loss):
     """``local`` with ``algo.loss=ce_etf|dr``: FedDr+'s seeded ETF head on every client, bit for bit,
     before and after training; only the body trains, with cross-entropy or dot-regression."""
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
     fedavg_like = _executor(tmp_path / "drplus")  # FedDr+'s server builds the same ETF head
     etf = fedavg_like.server.state.weights.select(("head",))

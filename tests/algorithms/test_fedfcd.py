@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from algorithms.fedfcd import FCDPayload
-from raysim.context import ClientContext
-from raysim.executors.serial import SerialExecutor
-from raysim.prototypes import ClassMeans, weighted_means
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
+from raysim.toolkit.context import ClientContext
+from raysim.toolkit.prototypes import ClassMeans, weighted_means
 from raysim.weights import PARTS
 from tests.conftest import tiny_config
 

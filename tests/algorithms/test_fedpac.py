@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from algorithms.collaboration import collaboration_matrix, combination_weights, repair_psd, solve_weights
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare
 from raysim.weights import BODY
 from raysim.wire import JobResult
 from tests.conftest import tiny_config
@@ -96,7 +96,7 @@ def test_heads_are_combined_as_stated_and_the_body_is_averaged(tmp_path):
 def test_statistics_are_taken_under_the_received_model(tmp_path):
     import torch
 
-    from raysim.features import pac_statistics
+    from raysim.toolkit.features import pac_statistics
 
     z = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
     y = torch.tensor([0, 0, 1])
@@ -122,8 +122,8 @@ def test_no_collaboration_keeps_own_heads_and_lambda_zero_has_no_alignment(tmp_p
 
 
 def test_a_bad_setting_is_one_sentence(tmp_path):
+    from raysim.engine.experiment import validate as check_config
     from raysim.errors import ConfigError
-    from raysim.experiment import validate as check_config
 
     with pytest.raises(ConfigError, match="head_lr"):
         check_config(tiny_config(tmp_path, **SETUP, **{"algo.head_lr": 0}))
@@ -134,7 +134,7 @@ def test_tensorboard_shows_the_combination_weights_on_evaluated_rounds(tmp_path)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from raysim.runner import run_experiment
+    from raysim.engine.runner import run_experiment
 
     setup = {**SETUP, "participation": 0.5, "rounds": 4, "eval.every": 2, "output.tensorboard": True}
     cfg = tiny_config(tmp_path, **setup)
@@ -155,7 +155,7 @@ def test_tensorboard_shows_the_combination_weights_on_evaluated_rounds(tmp_path)
 def test_png_encoder_round_trips_through_a_decoder():
     import zlib
 
-    from raysim.tensorboard import encode_png, heat_map
+    from raysim.results.tensorboard import encode_png, heat_map
 
     img = heat_map(np.array([[0.0, 1.0], [0.5, 0.25]]), cell=2)
     png = encode_png(img)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.context import ClientContext
-from raysim.executors.serial import SerialExecutor
-from raysim.prototypes import ClassMeans, plain_means
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
+from raysim.toolkit.context import ClientContext
+from raysim.toolkit.prototypes import ClassMeans, plain_means
 from tests.conftest import run_round, tiny_config
 
 

@@ -8,10 +8,10 @@ import copy
 import numpy as np
 import pytest
 
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.experiment import validate
+from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
-from raysim.executors.serial import SerialExecutor
-from raysim.experiment import validate
-from raysim.runner import prepare, run_experiment
 from tests.conftest import tiny_config, without_times
 
 FINE_TUNED = [
@@ -59,8 +59,8 @@ def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, he
     """FedAvg-FT, SCAFFOLD-FT, FedBABU-FT and SphereFed-FT fine-tune the whole model; FedDr+ FT the
     body under its frozen ETF; FedETF-FT the body, then its ETF and projection in turn. The server's
     state and what the client keeps are as they were."""
-    from raysim.context import ClientContext
     from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
 
     cfg = _config(tmp_path, algo, **{"algo.ft_epochs": 2})
     ex = SerialExecutor(cfg, prepare(cfg))

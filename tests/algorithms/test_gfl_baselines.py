@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, WeightsPayload
 from tests.conftest import run_round, tiny_config, without_times
@@ -24,7 +24,7 @@ def _executor(tmp_path, algo, **changes):
 def test_not_true_distillation_is_the_kl_over_the_other_classes():
     import torch
 
-    from raysim.distill import not_true_distillation
+    from raysim.toolkit.distill import not_true_distillation
 
     student = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.3, 0.1, 1.5, -0.4]], dtype=torch.float64)
     teacher = torch.tensor([[0.0, 1.0, 0.2, -0.5], [1.0, -1.0, 0.7, 0.4]], dtype=torch.float64)
@@ -65,9 +65,9 @@ def test_fedntd_objective_is_ce_plus_beta_ntd_against_the_received_model(tmp_pat
     import torch
     import torch.nn.functional as F
 
-    from raysim.context import ClientContext
-    from raysim.distill import not_true_distillation
     from raysim.models import set_weights
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.distill import not_true_distillation
 
     ex = _executor(tmp_path, "fedntd", **{"algo.beta": 2.0, "algo.tau": 2.0})
     algo, rt = ex.runtime.algo, ex.runtime

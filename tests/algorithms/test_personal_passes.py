@@ -9,8 +9,8 @@ import pytest
 
 from algorithms.fedper import FedRep
 from algorithms.personal import Pass
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare
 from raysim.weights import BODY
 from tests.conftest import run_round, tiny_config
 
@@ -27,7 +27,7 @@ def _round(tmp_path, batch_clients):
 
 @pytest.mark.parametrize("batch_clients", [1, 3])
 def test_a_changed_pass_shows_up_in_one_by_one_and_batched_training(tmp_path, monkeypatch, batch_clients):
-    from raysim.train import cross_entropy
+    from raysim.toolkit.train import cross_entropy
 
     ex, received, results = _round(tmp_path / "as_is", batch_clients)
     assert all(not r.weights.select(BODY).equals(received.select(BODY)) for r in results)  # the body trains
@@ -49,7 +49,7 @@ def test_fed3p2s_update_description_drives_one_by_one_and_batched_training(tmp_p
     import dataclasses
 
     from algorithms.fed3p2 import Fed3p2
-    from raysim.train import cross_entropy
+    from raysim.toolkit.train import cross_entropy
 
     def flat(model, x, y):
         return 0.0 * cross_entropy(model, x, y)

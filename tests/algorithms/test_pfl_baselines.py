@@ -8,8 +8,8 @@ import pytest
 from algorithms.fedamp import attention
 from algorithms.perfedavg import maml_step
 from algorithms.pfedme import solve_inner
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 from tests.conftest import run_round, tiny_config, without_times
@@ -95,7 +95,7 @@ def test_per_fedavg_steps_are_the_maml_steps():
     import torch
     import torch.nn.functional as F
 
-    from raysim.train import set_trainable
+    from raysim.toolkit.train import set_trainable
 
     alpha, beta = 0.1, 0.05
     batches = _batches()
@@ -132,7 +132,7 @@ def test_per_fedavg_personalises_with_one_step_from_the_global_model(tmp_path):
     ex = _executor(tmp_path, "perfedavg", **{"algo.alpha": 0.05})
     run_round(ex, 1, [0, 1, 2, 3])
     payload = ex.server.eval_payload()
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
     before = payload.part("head").copy()
     pm = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 2, 1), payload)
@@ -151,7 +151,7 @@ def test_pfedme_personal_model_solves_its_inner_problem():
     import torch
     import torch.nn.functional as F
 
-    from raysim.train import set_trainable
+    from raysim.toolkit.train import set_trainable
 
     model = _tiny_model()
     params = set_trainable(model, GLOBAL_PARTS)

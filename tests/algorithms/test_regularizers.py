@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from raysim.capabilities.settings import REG_NAMES
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.experiment import validate
+from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
-from raysim.executors.serial import SerialExecutor
-from raysim.experiment import validate
-from raysim.hooks import REG_NAMES
-from raysim.runner import prepare, run_experiment
 from tests.conftest import run_round, tiny_config, without_times
 
 
@@ -25,7 +25,7 @@ def _batch(ex, client=1):
 
 
 def test_the_registry_has_every_named_term():
-    from raysim.distill import REGULARIZERS
+    from raysim.toolkit.distill import REGULARIZERS
 
     assert tuple(REGULARIZERS) == REG_NAMES
 
@@ -34,10 +34,10 @@ def test_each_term_is_zero_at_the_global_model_and_its_formula_away_from_it(tmp_
     import torch
     import torch.nn.functional as F
 
-    from raysim.distill import REGULARIZERS, Outputs, RegContext
-    from raysim.features import representation
     from raysim.models import set_weights
-    from raysim.train import proximal_anchor
+    from raysim.toolkit.distill import REGULARIZERS, Outputs, RegContext
+    from raysim.toolkit.features import representation
+    from raysim.toolkit.train import proximal_anchor
 
     ex = _executor(tmp_path, "fedavg")
     model, sent = ex.runtime.model, ex.server.state.weights
@@ -82,7 +82,7 @@ def test_the_loss_is_beta_own_plus_the_terms_and_the_terms_change_training(tmp_p
     import torch
     import torch.nn.functional as F
 
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
     from raysim.wire import WeightsPayload
 
     ex = _executor(tmp_path, "fedavg", **{"algo.regularizers": ["kd", "fd"], "algo.reg_beta": 0.8})
@@ -151,7 +151,7 @@ def test_a_regularised_combination_is_the_same_on_serial_and_ray(tmp_path, ray_l
 
 def test_settings_typed_on_the_command_line_are_read_as_their_types(tmp_path):
     """``--set`` gives strings: ``algo.ft_epochs=1`` and ``algo.regularizers=[ntd,fd]`` as a user types them."""
-    from raysim.experiment import algorithm_class
+    from raysim.engine.experiment import algorithm_class
 
     cfg = tiny_config(
         tmp_path,

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.experiment import validate
+from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
-from raysim.executors.serial import SerialExecutor
-from raysim.experiment import validate
-from raysim.runner import prepare, run_experiment
 from tests.conftest import run_round, tiny_config, without_times
 
 SETTINGS = {"spherefed": {"train.lr": 0.5}, "fedetf": {"train.lr": 0.1, "algo.ft_alternations": 2}}
@@ -26,7 +26,7 @@ def _executor(tmp_path, algo, **changes):
 def _features(model, x):
     import torch
 
-    from raysim.features import representation
+    from raysim.toolkit.features import representation
 
     with torch.no_grad():
         return representation(model, x).double()
@@ -161,7 +161,7 @@ def test_fedetf_balanced_loss_is_the_balanced_softmax_with_absent_classes_counte
     import torch
 
     from algorithms.fedetf import balanced_etf_loss, class_counts
-    from raysim.context import ClientContext
+    from raysim.toolkit.context import ClientContext
 
     ex = _executor(tmp_path, "fedetf", **{"data.partition": "shard:2"})
     ctx = ClientContext(ex.runtime, 2, 1)
@@ -183,8 +183,8 @@ def test_fedetf_balanced_loss_is_the_balanced_softmax_with_absent_classes_counte
 def test_fedetf_ft_tunes_the_etf_and_the_projection_in_turn_on_a_local_copy(tmp_path):
     """FedETF-FT: the body and s with the balanced loss, then the ETF alone and the projection alone;
     the global model and the server's state are untouched."""
-    from raysim.context import ClientContext
     from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
 
     ex = _executor(tmp_path, "fedetf", rounds=1, **{"algo.ft_epochs": 1})
     run_round(ex, 1, [0, 1, 2, 3])

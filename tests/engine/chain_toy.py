@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.context import ClientContext
-from raysim.round_log import RoundLog
+from raysim.capabilities.round_log import RoundLog
+from raysim.toolkit.context import ClientContext
 from raysim.weights import GLOBAL_PARTS
 from raysim.wire import ClientResult, Job, JobResult, WeightsPayload
 

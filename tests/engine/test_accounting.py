@@ -8,9 +8,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.metrics import MetricHistory
-from raysim.output import TableWriter
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
+from raysim.results.metrics import MetricHistory
+from raysim.results.output import TableWriter
 from tests.conftest import tiny_config
 
 
@@ -53,7 +53,7 @@ def test_summary_has_the_last_k_mean_and_the_compute(tmp_path):
 
 
 def result_data(cfg):
-    from raysim.runner import prepare
+    from raysim.engine.runner import prepare
 
     return prepare(cfg)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raysim.analysis import ANALYSIS_COLUMNS, ClassStats
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
+from raysim.results.analysis import ANALYSIS_COLUMNS, ClassStats
 from tests.conftest import run_round, tiny_config, without_times
 
 SETUP = {"rounds": 2, "eval.every": 1, "data.partition": "shard:2", "eval.analyses": True}

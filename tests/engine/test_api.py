@@ -62,7 +62,7 @@ DATASETS.register("user_stripes", image_dataset(stripes, 3, (1, 8, 8), 600, 300,
 
 
 def test_run_is_the_command_lines_run(tmp_path):
-    from raysim.cli import main
+    from raysim.commands.run import main
 
     api = raysim.run(**TINY, out=str(tmp_path / "api"))
     argv = [
@@ -94,8 +94,8 @@ def test_user_algorithm_and_dataset_run_serially(tmp_path):
     assert any(p.startswith("tests.engine.test_api@") for p in res.config["plugins"])
     assert res.partition is not None and res.partition.filter(like="count_").shape[1] == 3
     # the halfway step: from the same start and clients, FedAvg's average a gives w1 = (w0 + a) / 2
-    from raysim.experiment import make_algorithm
-    from raysim.runner import run_experiment
+    from raysim.engine.experiment import make_algorithm
+    from raysim.engine.runner import run_experiment
 
     assert isinstance(make_algorithm(raysim.make_config(**{**TINY, "algo": "user_halfway"})), Halfway)
     fedavg = run_experiment(raysim.make_config(**{**TINY, "dataset": "user_stripes", "rounds": 1, "out": str(tmp_path / "f")}))
@@ -115,7 +115,7 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
     from PIL import Image
 
     from raysim.data import build_federated_data
-    from raysim.partition_view import LEFT, cell_geometry, colour_of, heat_top
+    from raysim.results.partition_view import LEFT, cell_geometry, colour_of, heat_top
 
     res = raysim.run(**TINY, out=str(tmp_path / "run"))
     cfg = raysim.make_config(**TINY)
@@ -137,7 +137,7 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
     # raysim partition draws the same without running
     out = tmp_path / "alone.png"
     code = subprocess.run(
-        [sys.executable, "-m", "raysim.console", "partition", "--dataset", "synthetic", "--clients", "6",
+        [sys.executable, "-m", "raysim.commands.console", "partition", "--dataset", "synthetic", "--clients", "6",
          "--partition", "dirichlet:0.5", "--out", str(out), "--set", "data.synthetic.train_samples=600",
          "--set", "data.synthetic.test_samples=300", "--set", "data.synthetic.shape=[1,8,8]"],
         capture_output=True, text=True, cwd=ROOT,
@@ -161,9 +161,9 @@ def test_example_script_runs(tmp_path):
 
 def test_console_command(tmp_path):
     for args in (["--help"], ["run", "--help"], ["sweep", "--help"], ["report", "--help"], ["partition", "--help"]):
-        res = subprocess.run([sys.executable, "-m", "raysim.console", *args], capture_output=True, text=True, cwd=ROOT)
+        res = subprocess.run([sys.executable, "-m", "raysim.commands.console", *args], capture_output=True, text=True, cwd=ROOT)
         assert res.returncode == 0, (args, res.stderr)
-    bad = subprocess.run([sys.executable, "-m", "raysim.console", "fly"], capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run([sys.executable, "-m", "raysim.commands.console", "fly"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "unknown command 'fly'" in bad.stderr
 
 
@@ -219,7 +219,7 @@ def test_sweep_gives_the_suites_table_as_dataframes(tmp_path, ray_local):
 
 def test_plugins_named_on_the_command_line(tmp_path):
     """``--set plugins=[script.py]`` registers the script's algorithm before the config is resolved."""
-    from raysim.cli import main
+    from raysim.commands.run import main
 
     script = ROOT / "examples" / "fedavgm.py"
     argv = [
@@ -235,7 +235,7 @@ def test_a_run_looks_its_algorithm_up_and_checks_its_config_once_in_the_driver(t
     """Item 7 of the small-core issue: the config travels one way. The driver looks the algorithm's
     class up once to put its paper setup beneath the settings and once in the check; the check
     runs once; the runner and the executor take the checked experiment and look up nothing."""
-    import raysim.experiment as experiment
+    import raysim.engine.experiment as experiment
 
     lookups: list[str] = []
     checks: list[str] = []

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from raysim.capabilities.batching import batch_units
+from raysim.engine.experiment import validate
+from raysim.engine.runner import run_experiment
 from raysim.errors import ConfigError
-from raysim.executors.batching import batch_units
-from raysim.experiment import validate
-from raysim.runner import run_experiment
 from raysim.wire import Job
 from tests.conftest import tiny_config, without_times
 
@@ -29,9 +29,9 @@ def test_batched_trainer_is_sgd_per_client_on_each_clients_own_batches():
     import torch
     import torch.nn.functional as F
 
-    from raysim.batched import BatchedTrainer
     from raysim.models import build_model, get_weights, set_weights
-    from raysim.train import SGDConfig, iterate_batches, local_train, proximal_anchor, proximal_term
+    from raysim.toolkit.batched import BatchedTrainer
+    from raysim.toolkit.train import SGDConfig, iterate_batches, local_train, proximal_anchor, proximal_term
     from raysim.weights import GLOBAL_PARTS
 
     model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=1)
@@ -75,9 +75,9 @@ def test_frozen_parts_of_each_clients_own_enter_untrained():
     Each client's body equals local_train's with that client's head loaded; the heads stay put."""
     import torch
 
-    from raysim.batched import BatchedTrainer
     from raysim.models import build_model, get_weights, parameter_views, set_weights
-    from raysim.train import SGDConfig, cross_entropy, iterate_batches, local_train
+    from raysim.toolkit.batched import BatchedTrainer
+    from raysim.toolkit.train import SGDConfig, cross_entropy, iterate_batches, local_train
     from raysim.weights import BODY
 
     model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=1)
@@ -198,9 +198,9 @@ def test_settings_that_cannot_be_batched_are_refused_with_a_sentence(tmp_path):
 
 
 def test_each_model_entry_says_whether_it_can_be_batched():
-    from raysim.batched import why_not_batchable
     from raysim.models import build_model
     from raysim.registry import MODELS
+    from raysim.toolkit.batched import why_not_batchable
 
     for name, entry in MODELS.items():
         shape = (3, 32, 32) if entry.channels == 3 or entry.min_size > 28 else (1, 28, 28)
@@ -256,7 +256,7 @@ def test_clients_per_second_benchmark_runs():
 def _drop_last_setup(tmp_path, **more):
     """FedAvg over every client, two epochs at a batch size that leaves remainders, with
     train.drop_last; and each round's samples when exactly the remainders are left out."""
-    from raysim.runner import prepare
+    from raysim.engine.runner import prepare
 
     setup = {"participation": 1.0, "rounds": 2, "train.local_epochs": 2, "train.batch_size": 7, **CNN, **more}
     sizes = [int(i.size) for i in prepare(tiny_config(tmp_path, **setup)).client_train]

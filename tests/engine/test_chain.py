@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare, run_experiment
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare, run_experiment
 from tests.conftest import tiny_config, without_times
 
 TOY = "tests.engine.chain_toy:ChainToy"
@@ -33,7 +33,7 @@ def test_chain_across_ray_workers_equals_serial(tmp_path, ray_local):
     cfg = tiny_config(tmp_path / "s", algo=TOY, rounds=2)
     serial = run_experiment(cfg)
     from raysim.data import build_federated_data
-    from raysim.executors.placement import lpt_assign
+    from raysim.engine.executors.placement import lpt_assign
 
     data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
     homes = lpt_assign([float(len(i)) for i in data.client_train], 2)

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim import checkpoint
-from raysim.output import BaseCallback
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
+from raysim.results.output import BaseCallback
 from tests.conftest import tiny_config, without_times
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -90,8 +90,8 @@ def test_a_config_error_raised_in_an_actor_reaches_the_driver_as_itself(ray_loca
     ends the run with the worker's one sentence, not Ray's wrapped traceback."""
     import ray
 
+    from raysim.engine.executors.actors import config_errors_first
     from raysim.errors import ConfigError
-    from raysim.executors.actors import config_errors_first
 
     @ray.remote
     def refuse() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from raysim.cli import config_from_args
+from raysim.commands.run import config_from_args
 from raysim.config import ExperimentConfig, from_dict, replace, to_dict
+from raysim.engine.experiment import validate
 from raysim.errors import ConfigError
-from raysim.experiment import validate
 from raysim.registry import parse_partition
 
 
@@ -96,14 +96,14 @@ def test_paper_setup_goes_beneath_the_given_settings():
 
 @pytest.mark.parametrize("text", ["[0.5, 0.75]", "(0.5,0.75)", "0.5, 0.75"])
 def test_set_takes_a_list_in_brackets_parentheses_or_bare(text):
-    from raysim.cli import config_from_args
+    from raysim.commands.run import config_from_args
 
     cfg = config_from_args(["--algo", "fedavg", "--set", f"train.lr_milestones={text}"])
     assert cfg.train.lr_milestones == (0.5, 0.75)
 
 
 def test_a_dataset_brings_a_model_that_fits_and_fedpac_takes_1000_emnist_samples_a_client():
-    from raysim.experiment import resolve_config
+    from raysim.engine.experiment import resolve_config
 
     assert resolve_config({"data": {"dataset": "svhn"}}).model == "cnn_pac_cifar"
     assert resolve_config({"data": {"dataset": "tinyimagenet"}, "paper_setup": False}).model == "resnet18"
@@ -143,6 +143,6 @@ def test_no_setting_is_checked_against_a_list_of_words_by_hand():
     root = Path(__file__).resolve().parents[2]
     # a setting (self.x, params.x, cfg.x, ...) against a tuple of words, or a constant of them
     by_hand = re.compile(r"\b(self|params|p|cfg|d|t|r)\.\w+ not in (\(\s*\"|[A-Z_]+S\b)")
-    places = [*sorted((root / "algorithms").glob("*.py")), root / "raysim" / "experiment.py"]
+    places = [*sorted((root / "algorithms").glob("*.py")), root / "raysim" / "engine" / "experiment.py"]
     found = [f"{p.name}:{i}" for p in places for i, line in enumerate(p.read_text().splitlines(), 1) if by_hand.search(line)]
     assert found == []

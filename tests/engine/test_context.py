@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.context import ClientContext, shuffle_purpose
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare
+from raysim.toolkit.context import ClientContext, shuffle_purpose
 from raysim.weights import ModelWeights
 from tests.conftest import tiny_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
 from tests.conftest import tiny_config, without_times
 
 
@@ -99,7 +99,7 @@ def test_personalisation_baselines_serial_equal_ray(tmp_path, ray_local, algo):
 @pytest.mark.ray
 @pytest.mark.parametrize("algo", ["fedavg", "fed3p2"])
 def test_one_worker_training_two_jobs_at_once_equals_serial(tmp_path, ray_local, algo):
-    """A worker of 2 CPUs trains two one-thread jobs at once (raysim.executors.slots): the numbers
+    """A worker of 2 CPUs trains two one-thread jobs at once (raysim.engine.executors.slots): the numbers
     of the serial executor, for unpinned jobs (FedAvg), and for chains and personal heads kept in the
     memory its job slots share (Fed3+2p)."""
     setup = {"algo": algo, "model": "cnn3p2_fmnist", "data.synthetic.shape": (1, 16, 16), "ray.cpus_per_worker": 2}

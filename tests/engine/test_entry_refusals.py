@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: but a refusal needs none of it)
 PROBE = (
     "import json, sys\n"
-    "from raysim.console import main\n"
+    "from raysim.commands.console import main\n"
     "try:\n"
     "    rc = main(sys.argv[1:])\n"
     "except SystemExit as e:\n"

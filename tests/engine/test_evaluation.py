@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.executors.evaluation import assemble_report, eval_targets, split_targets
-from raysim.executors.serial import SerialExecutor
-from raysim.runner import prepare
+from raysim.engine.executors.evaluation import assemble_report, eval_targets, split_targets
+from raysim.engine.executors.serial import SerialExecutor
+from raysim.engine.runner import prepare
 from tests.conftest import tiny_config
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
 from tests.conftest import tiny_config, without_times
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +40,15 @@ def test_a_run_that_started_ray_stops_it(tmp_path):
     started (which outlive a raylet killed without its shutdown, unless raysim kills them too)."""
     code = (
         "import psutil\n"
-        "import raysim.runner\n"
-        "from raysim.output import BaseCallback\n"
+        "import raysim.engine.runner\n"
+        "from raysim.results.output import BaseCallback\n"
         "from tests.conftest import tiny_config\n"
         "class Census(BaseCallback):\n"
         "    def on_round(self, stats, round_time):\n"
         "        self.procs = psutil.Process().children(recursive=True)\n"
         "census = Census()\n"
         f"cfg = tiny_config({str(tmp_path)!r}, rounds=1, **{{'ray.executor': 'ray', 'ray.workers': 1}})\n"
-        "raysim.runner.run_experiment(cfg, [census])\n"
+        "raysim.engine.runner.run_experiment(cfg, [census])\n"
         "import ray\n"
         "gone, alive = psutil.wait_procs(census.procs, timeout=10)\n"
         "print('during the run', len(census.procs), 'left', [p.name() for p in alive])\n"
@@ -67,10 +67,10 @@ def test_a_run_that_started_ray_stops_it(tmp_path):
 def test_the_runner_does_not_import_ray():
     import ast
 
-    tree = ast.parse((ROOT / "raysim" / "runner.py").read_text())
+    tree = ast.parse((ROOT / "raysim" / "engine" / "runner.py").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not any(m == "ray" or m.startswith(("ray.", "raysim.executors.session")) for m in imported)
+    assert not any(m == "ray" or m.startswith(("ray.", "raysim.engine.executors.session")) for m in imported)
 
 
 @pytest.mark.ray

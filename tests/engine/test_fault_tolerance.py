@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysim import checkpoint
+from raysim.engine.runner import run_experiment
 from raysim.errors import RunAborted
-from raysim.output import BaseCallback
-from raysim.runner import run_experiment
+from raysim.results.output import BaseCallback
 from tests.conftest import tiny_config, without_times
 from tests.engine.test_checkpoint import CLI_ARGS, run_cli, wait_for_rows
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
 from tests.conftest import tiny_config
 
 

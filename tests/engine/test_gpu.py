@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from raysim.runner import run_experiment
+from raysim.engine.runner import run_experiment
 from tests.conftest import tiny_config, without_times
 
 torch = pytest.importorskip("torch")
@@ -32,8 +32,8 @@ SETUP = {
 def test_workers_sharing_one_gpu_train_on_cuda_and_match_serial(tmp_path, ray_local):
     import ray
 
-    from raysim.executors.ray_executor import RayExecutor
-    from raysim.runner import prepare
+    from raysim.engine.executors.ray_executor import RayExecutor
+    from raysim.engine.runner import prepare
 
     assert ray.cluster_resources().get("GPU", 0) >= 1
     serial = run_experiment(tiny_config(tmp_path / "s", **SETUP, **{"ray.gpus_per_worker": 1.0}))

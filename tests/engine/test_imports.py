@@ -90,8 +90,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     g = graph()
-    assert "raysim.runner" in g and "algorithms.fedavg" in g
-    assert "raysim.config" in g["raysim.runner"]  # a plain import is seen
+    assert "raysim.engine.runner" in g and "algorithms.fedavg" in g
+    assert "raysim.config" in g["raysim.engine.runner"]  # a plain import is seen
     assert any(m.startswith("raysim") for m in g["algorithms.fedavg"])
 
 
@@ -120,3 +120,36 @@ def test_no_module_imports_anothers_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
                 offenders += [f"{name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
     assert offenders == []
+
+
+#: raysim's packages from the bottom up: a module imports only from its own layer or those below.
+#: "core" is raysim's top-level modules (config, registry, wire, weights, records, ...); "api" is
+#: raysim/api.py, the Python API under the commands.
+LAYERS = ("core", "data", "toolkit", "capabilities", "results", "engine", "suite", "api", "commands")
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:  # raysim/__init__.py: its exports load lazily, by name, never imported
+        return "core"
+    if parts[1] in LAYERS:
+        return parts[1]
+    return "core"
+
+
+def test_the_packages_import_downwards_only():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph().items()
+        if m.split(".")[0] == "raysim"
+        for d in deps
+        if d.split(".")[0] == "raysim" and rank[layer_of(d)] > rank[layer_of(m)]
+    )
+    assert upward == []
+
+
+def test_the_layers_are_raysims_packages():
+    packages = {p.parent.name for p in (ROOT / "raysim").glob("*/__init__.py")}
+    assert packages == set(LAYERS) - {"core", "api"}
+    assert layer_of("raysim.engine.executors.schedule") == "engine" and layer_of("raysim.config") == "core"

@@ -205,7 +205,7 @@ def test_rayjob_manifest_runs_a_valid_raysim_command() -> None:
 
     import yaml
 
-    from raysim.cli import config_from_args
+    from raysim.commands.run import config_from_args
 
     job = yaml.safe_load((ROOT / "cluster" / "rayjob.yaml").read_text())
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
     "import json, sys\n"
-    "from raysim.cli import main\n"
+    "from raysim.commands.run import main\n"
     "rc = main(sys.argv[1:])\n"
     "print(json.dumps({'rc': rc, 'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
 )

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from raysim.report import DPI, FIGSIZE, MISSING, comparison_table, load_runs
+from raysim.results.report import DPI, FIGSIZE, MISSING, comparison_table, load_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,7 +22,7 @@ ACC = ("gm_gtest", "gm_ptest", "lm_ptest")
 def make_run(
     path: Path, algo: str, rounds: int, partition: str, rows: list[dict[str, Any]], **config: Any
 ) -> Path:
-    """A run directory as raysim.output leaves it (config.yaml and metrics.parquet, no summary.json)."""
+    """A run directory as raysim.results.output leaves it (config.yaml and metrics.parquet, no summary.json)."""
     path.mkdir(parents=True)
     config = {
         "algo": algo,

@@ -1,4 +1,4 @@
-"""The round's schedule as a pure plan (raysim.executors.schedule), tested without Ray: every segment
+"""The round's schedule as a pure plan (raysim.engine.executors.schedule), tested without Ray: every segment
 goes out once, in a call on the worker placement gives it; a worker's first segments of single jobs
 share one call; and the rule that keeps the waves deadlock-free: a call only depends on calls
 submitted before it, so the earliest unfinished call can always run."""
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from raysim.executors.schedule import (
+from raysim.engine.executors.schedule import (
     BatchCall,
     ChainCall,
     JobsCall,

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from raysim.sgd import SGD
+from raysim.toolkit.sgd import SGD
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -71,7 +71,7 @@ def test_a_client_job_imports_no_dynamo() -> None:
     code = (
         "import sys, torch\n"
         "from raysim.models import build_model\n"
-        "from raysim.train import SGDConfig, local_train\n"
+        "from raysim.toolkit.train import SGDConfig, local_train\n"
         "from raysim.weights import PARTS\n"
         "m = build_model('cnn3p2_fmnist', (1, 28, 28), 10, 0)\n"
         "x, y = torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.long)\n"

@@ -1,4 +1,4 @@
-"""A client worker's job slots (raysim.executors.slots): jobs trained at once, on several runtimes
+"""A client worker's job slots (raysim.engine.executors.slots): jobs trained at once, on several runtimes
 that share the clients' memories, give the numbers of one runtime training them one by one."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
-from raysim.executors.evaluation import eval_targets
-from raysim.executors.slots import JobSlots, predecessors
-from raysim.runner import prepare
-from raysim.server import ServerHost
+from raysim.engine.executors.evaluation import eval_targets
+from raysim.engine.executors.slots import JobSlots, predecessors
+from raysim.engine.runner import prepare
+from raysim.engine.server import ServerHost
 from raysim.wire import ClientStats
 from tests.conftest import tiny_config
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from raysim.commands.sweep import suite_from_args
 from raysim.errors import ConfigError
 from raysim.suite import SuiteConfig, expand_grid, load_suite, parse_seeds, trials
-from raysim.sweep_cli import suite_from_args
 from tests.conftest import without_times
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_a_suite_file_with_configurations_and_a_grid(tmp_path):
 
 
 def _run_py(args: list[str], out: Path) -> list[dict]:
-    from raysim.cli import main
+    from raysim.commands.run import main
 
     assert main([*args, "--executor", "serial", "--no-progress", "-q", "--out", str(out)]) == 0
     return pq.read_table(out / "metrics.parquet").to_pylist()

@@ -11,10 +11,10 @@ import sys
 def test_driver_imports_no_torch():
     code = (
         "import sys\n"
-        "import raysim.cli, raysim.runner, raysim.output, raysim.experiment\n"
-        "import raysim.executors.ray_executor, raysim.executors.session\n"
+        "import raysim.commands.run, raysim.engine.runner, raysim.results.output, raysim.engine.experiment\n"
+        "import raysim.engine.executors.ray_executor, raysim.engine.executors.session\n"
         "from raysim import registry\n"
-        "from raysim.experiment import algorithm_class\n"
+        "from raysim.engine.experiment import algorithm_class\n"
         "names = registry.ALGORITHMS.names()\n"
         "assert len(names) >= 16, names\n"
         "for name in names:\n"
@@ -22,7 +22,7 @@ def test_driver_imports_no_torch():
         "for reg in (registry.DATASETS, registry.MODELS, registry.PARTITIONS, registry.TEST_MODES,\n"
         "            registry.EXECUTORS):\n"
         "    assert reg.names()\n"
-        "raysim.cli.build_parser().format_help()\n"
+        "raysim.commands.run.build_parser().format_help()\n"
         "loaded = [m for m in ('torch', 'torchvision') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )

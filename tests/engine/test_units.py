@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from raysim import rng
-from raysim.aggregate import apply_updates, subtract, weighted_mean
+from raysim.engine.executors.evaluation import split_targets
+from raysim.engine.executors.placement import lpt_assign
 from raysim.errors import ConfigError
-from raysim.executors.evaluation import split_targets
-from raysim.executors.placement import lpt_assign
 from raysim.models import build_model, get_weights, set_weights
 from raysim.records import EvalTarget
 from raysim.registry import MODELS
+from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import PARTS, ModelWeights
 from tests.conftest import tiny_config
 
@@ -113,7 +113,7 @@ def test_client_sampling_is_seeded_per_round():
 
 
 def test_learning_rate_schedules():
-    from raysim.experiment import make_algorithm
+    from raysim.engine.experiment import make_algorithm
 
     algo = make_algorithm(tiny_config(rounds=100, **{"train.lr": 0.01, "train.lr_decay": 0.99}))
     assert algo.lr(1) == 0.01 and abs(algo.lr(3) - 0.01 * 0.99**2) < 1e-15

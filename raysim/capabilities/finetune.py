@@ -1,0 +1,79 @@
+"""The "-FT" personalisation capability (:class:`FineTune`), declared on an algorithm's class.
+
+FedBABU's and FedDr+'s personalisation, and the "-FT" rows of FedDr+'s Table 3 for any method with a
+global model: with ``algo.ft_epochs`` > 0, after the last round each client fine-tunes the final
+global model on its own training data, the capability's ``parts``, for ``ft_epochs`` at
+``algo.ft_lr`` (default the initial rate), on its own random stream ("finetune"); ``lm_ptest`` at the
+last round reports these models. Nothing the client or the server keeps changes: the global model is
+untouched.
+
+An algorithm with the capability may define two hooks, which the others never see:
+``ft_weights(eval_payload) -> ModelWeights``, the global model it fine-tunes (default: the
+evaluation payload itself), and ``ft_loss(ctx, weights) -> LossFn``, made before ``weights`` are
+loaded (default: cross-entropy on the global path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raysim.capabilities.settings import engine_settings
+from raysim.config import ExperimentConfig
+from raysim.weights import GLOBAL_PARTS, ModelWeights
+
+if TYPE_CHECKING:
+    from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """``finetune = FineTune(parts=BODY, default_epochs=None)`` on an algorithm's class:
+    ``parts`` train when fine-tuning; ``default_epochs`` is ``ft_epochs`` when not given (None: the
+    local epochs E; 0: no fine-tuning unless asked for)."""
+
+    parts: tuple[str, ...] = GLOBAL_PARTS
+    default_epochs: int | None = 0
+
+    def setting(self, cfg: ExperimentConfig) -> tuple[int, float]:
+        """(epochs, rate): ``algo.ft_epochs`` (default ``default_epochs``) and ``algo.ft_lr``
+        (default the initial learning rate)."""
+        p = engine_settings(cfg.algo_params)
+        epochs = self.default_epochs if "ft_epochs" not in cfg.algo_params else p.ft_epochs
+        return (
+            cfg.train.local_epochs if epochs is None else epochs,
+            cfg.train.lr if p.ft_lr is None else p.ft_lr,
+        )
+
+    def on(self, cfg: ExperimentConfig) -> bool:
+        """Whether the run fine-tunes (``ft_epochs`` > 0)."""
+        return self.setting(cfg)[0] > 0
+
+    @staticmethod
+    def weights(algo: Any, eval_payload: Any) -> ModelWeights:
+        """The global model ``algo`` fine-tunes: its ``ft_weights`` hook's, else the payload."""
+        hook = getattr(algo, "ft_weights", None)
+        weights: ModelWeights = hook(eval_payload) if hook is not None else eval_payload
+        return weights
+
+    def personal_model(self, algo: Any, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
+        """Client ``ctx.cid``'s fine-tuned model, loaded into ``ctx.model``, at the last round (None
+        before it, or when the run does not fine-tune)."""
+        epochs, lr = self.setting(algo.cfg)
+        if epochs == 0 or ctx.rnd < algo.cfg.rounds:
+            return None
+        weights = self.weights(algo, eval_payload)
+        hook = getattr(algo, "ft_loss", None)
+        if hook is not None:
+            loss_fn = hook(ctx, weights)
+        else:
+            from raysim.toolkit.train import cross_entropy
+
+            loss_fn = cross_entropy
+        ctx.load(weights)
+        ctx.train(self.parts, lr, epochs=epochs, loss_fn=loss_fn, stream="finetune")
+        return ctx.model
+
+
+__all__ = ["FineTune"]

@@ -1,0 +1,52 @@
+"""The capability of taking FedDr+'s Table 1 regularisers (:class:`Regularizable`), declared on an
+algorithm's class.
+
+With ``algo.regularizers=[prox|kd|ntd|ld|fd]`` the local loss becomes ``reg_beta`` times the
+algorithm's own plus (1 - ``reg_beta``) times the named terms against the received global model
+(``algo.reg_beta`` 0.9 as FedDr+'s Eq. 4, ``algo.reg_tau`` 3 for kd and ntd); the terms are in
+:mod:`raysim.toolkit.distill`. An algorithm with the capability wraps its loss with :meth:`Regularizable.wrap`;
+one without it takes none of these settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raysim.capabilities.settings import engine_settings
+from raysim.config import ExperimentConfig
+from raysim.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.train import LossFn
+
+
+@dataclass(frozen=True)
+class Regularizable:
+    """``regularizers = Regularizable()`` on an algorithm's class."""
+
+    @staticmethod
+    def setting(cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
+        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
+        p = engine_settings(cfg.algo_params)
+        return tuple(p.regularizers), p.reg_beta, p.reg_tau
+
+    def wrap(
+        self, cfg: ExperimentConfig, ctx: ClientContext, received: ModelWeights, parts: Sequence[str], loss_fn: LossFn
+    ) -> LossFn:
+        """``loss_fn`` with the run's added regularisers against ``received`` (the global model the
+        client started from, already loaded in ``ctx.model``), ``parts`` being what trains; the
+        loss itself when there are none."""
+        names, beta, tau = self.setting(cfg)
+        if not names:
+            return loss_fn
+        from raysim.toolkit.distill import RegContext, regularized
+        from raysim.toolkit.train import proximal_anchor
+
+        rc = RegContext(ctx.teacher(received), proximal_anchor(ctx.model, parts), tuple(parts), tau)
+        return regularized(loss_fn, names, beta, rc)
+
+
+__all__ = ["Regularizable"]

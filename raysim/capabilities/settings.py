@@ -1,0 +1,51 @@
+"""The ``algo.*`` settings the capabilities take besides an algorithm's own Config: "-FT"
+fine-tuning's (``ft_epochs``, ``ft_lr``; :mod:`raysim.capabilities.finetune`) and the added
+regularisers' (``regularizers``, ``reg_beta``, ``reg_tau``; :mod:`raysim.capabilities.regularizers`),
+typed and range-checked like any Config (``--set algo.regularizers=[kd,fd]`` is a tuple)."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from raysim.config import from_dict, setting
+
+#: the settings of "-FT" fine-tuning (``algo.ft_epochs``, ``algo.ft_lr``), which every algorithm
+#: with the "-FT" capability (``finetune``) takes besides its own Config
+FT_PARAMS = ("ft_epochs", "ft_lr")
+#: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
+#: and the distillation temperature ``reg_tau``), which every algorithm whose class is
+#: has the ``regularizers`` capability takes besides its own Config; and the regularisers' names
+#: (:data:`raysim.toolkit.distill.REGULARIZERS`)
+REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
+RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
+REG_NAMES: tuple[str, ...] = typing.get_args(RegName)
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """The engine's ``algo.*`` settings, typed as any Config's are (``--set algo.ft_epochs=1`` is an
+    int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
+
+    ft_epochs: int | None = setting(None, at_least=0)  # None: the capability's default_epochs
+    ft_lr: float | None = setting(None, above=0)  # None: the initial learning rate
+    regularizers: tuple[RegName, ...] = ()
+    reg_beta: float = setting(0.9, at_least=0, below=1)  # the algorithm's own loss's weight
+    reg_tau: float = setting(3.0, above=0)  # the distillation temperature
+
+
+def engine_settings(algo_params: Any) -> EngineParams:
+    """The engine's settings among an experiment's ``algo_params`` (the rest are the Config's)."""
+    names = FT_PARAMS + REG_PARAMS
+    return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
+
+
+def engine_params(cls: type) -> tuple[str, ...]:
+    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
+    return (FT_PARAMS if getattr(cls, "finetune", None) is not None else ()) + (
+        REG_PARAMS if getattr(cls, "regularizers", None) is not None else ()
+    )
+
+
+__all__ = ["FT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_params", "engine_settings"]

@@ -1,0 +1,82 @@
+"""Compare raysim runs: ``raysim report runs/a runs/b --out /tmp/report`` (or ``python scripts/report.py``).
+
+Writes ``accuracy_<metric>.png`` (accuracy in % against round, a line per run), ``train_loss.png`` and
+``report.md`` (a table of each run's setting and best/final accuracies, then links to the plots) into
+``--out`` (default: the first run directory), and prints the path of report.md and the table. A path
+that is not a run directory, or other bad input, gives one sentence on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from raysim.commands.flags import Parser
+from raysim.errors import ConfigError
+from raysim.results.report import (
+    DEFAULT_METRICS,
+    available_metrics,
+    check_metric_names,
+    comparison_table,
+    load_runs,
+    write_report,
+    write_suite_report,
+)
+
+
+def _split(text: str | None) -> list[str] | None:
+    return None if text is None else [s.strip() for s in text.split(",")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="report.py", description="Plot and tabulate the metrics of raysim run directories.")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories (with metrics.parquet), or one suite directory (scripts/sweep.py's)",
+    )
+    p.add_argument("--out", metavar="DIR", help="where to write the report (default: the first RUN_DIR)")
+    p.add_argument(
+        "--metrics",
+        metavar="M1,M2",
+        help=f"accuracy columns to plot and tabulate (default: {','.join(DEFAULT_METRICS)})",
+    )
+    p.add_argument("--labels", metavar="A,B", help="a label per run (default: the directory names)")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from raysim.logs import setup_logging
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
+    try:
+        args = build_parser().parse_args(argv)
+        if len(args.runs) == 1 and (Path(args.runs[0]) / "suite.yaml").is_file():  # a suite: draw it again
+            written = write_suite_report(args.runs[0], args.out)
+            print(written[0])
+            print()
+            print(written[0].read_text(), end="", flush=True)
+            return 0
+        metrics = _split(args.metrics) or list(DEFAULT_METRICS)
+        check_metric_names(metrics)
+        runs = load_runs(args.runs, _split(args.labels))
+        out = Path(args.out) if args.out else Path(args.runs[0])
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} exists and is not a directory.")
+        written = write_report(runs, out, metrics)
+    except ConfigError as e:
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return 2
+    print(written[0])
+    print()
+    print(comparison_table(runs, available_metrics(runs, metrics)), end="", flush=True)
+    return 0
+
+
+__all__ = ["build_parser", "main"]

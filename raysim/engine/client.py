@@ -1,0 +1,180 @@
+"""What a client worker does: the client side of every algorithm.
+
+A :class:`ClientRuntime` is a :class:`~raysim.toolkit.context.ClientWorkspace` (the data, the model, the
+clients' memories) with the algorithm's client side: it runs chains of local updates and evaluates.
+The serial executor uses one runtime for every client; the Ray executor wraps one in each
+client-worker actor. Both call the same methods, so they give the same numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.config import ExperimentConfig, evaluation_due
+from raysim.data import ArrayDataset, FederatedData
+from raysim.engine.experiment import make_algorithm
+from raysim.engine.hooks import AlgorithmHooks
+from raysim.models import set_weights
+from raysim.records import EvalPart, EvalTarget
+from raysim.toolkit.context import ClientContext, ClientMemory, ClientWorkspace
+from raysim.toolkit.train import SGDConfig, local_train, predict
+from raysim.weights import PARTS, payload_nbytes
+from raysim.wire import ClientResult
+
+log = logging.getLogger(__name__)
+
+
+class ClientRuntime(ClientWorkspace):
+    """The client side of one worker (or of the whole serial run)."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, data: FederatedData, algorithm: AlgorithmHooks | None = None
+    ) -> None:
+        algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        super().__init__(cfg, data, adapt=algo.adapt_model)
+        self.algo = algo
+        self._gtest: tuple[torch.Tensor, torch.Tensor] | None = None  # G-Test on the device, for analyses
+
+    def warm_up(self) -> None:
+        """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
+        thread count, so that first-call costs (kernel selection, allocator growth, lazy imports)
+        fall in start-up rather than in round 1. Touches no state and no random stream."""
+        torch.set_num_threads(self.cfg.train_threads)
+        model = copy.deepcopy(self.model)
+        shape = self.data.train.input_shape
+        x = torch.zeros(self.cfg.train.batch_size, *shape, device=self.device)
+        y = torch.zeros(self.cfg.train.batch_size, dtype=torch.long, device=self.device)
+        t = self.cfg.train
+        local_train(
+            model,
+            lambda epoch: [(x, y)],
+            epochs=1,
+            parts=PARTS,
+            sgd=SGDConfig(t.lr, t.momentum, t.weight_decay),
+        )
+        model.eval()
+        predict(
+            model,
+            torch.zeros(min(self.cfg.eval.batch_size, 64), *shape, device=self.device),
+            self.cfg.eval.batch_size,
+        )
+
+    def export_states(self, clients: Sequence[int]) -> dict[int, ClientMemory]:
+        """The memories of those of ``clients`` that have one (for checkpoints and for restoring a
+        replaced worker)."""
+        return {c: self.memory[c] for c in clients if c in self.memory}
+
+    def import_states(self, states: dict[int, ClientMemory]) -> None:
+        self.memory.update(states)
+
+    def run_chain(
+        self, rnd: int, clients: Sequence[int], payload: Any, prev: ClientResult | None
+    ) -> list[ClientResult]:
+        """Train ``clients`` one after another; the first starts from ``payload`` (or, when this is a
+        later segment of a chain, from ``prev``, the last result of the segment before)."""
+        torch.set_num_threads(self.cfg.train_threads)
+        results: list[ClientResult] = []
+        for cid in clients:
+            link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
+            res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
+            res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
+            if self._analyses_due(rnd):
+                res = dataclasses.replace(res, analysis=self._local_analysis(cid))
+            results.append(res)
+            prev = res
+        return results
+
+    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> list[list[ClientResult]]:
+        """Several jobs from the same ``payload``, trained together (``train.batch_clients``; the
+        algorithm's ``batch_update``): each job a chain of clients, the chains' k-th clients in
+        one batched step each starting from its chain's payload (``continue_chain``). Returns each
+        chain's results, as :meth:`run_chain` would."""
+        torch.set_num_threads(self.cfg.train_threads)
+        analyse = self._analyses_due(rnd)
+        out: list[list[ClientResult]] = [[] for _ in chains]
+        for pos in range(max((len(c) for c in chains), default=0)):
+            active = [i for i, c in enumerate(chains) if pos < len(c)]
+            payloads = [payload if pos == 0 else self.algo.continue_chain(payload, out[i][-1]) for i in active]
+            ctxs = [ClientContext(self, chains[i][pos], rnd) for i in active]
+            for i, p, res in zip(active, payloads, self.algo.batch_update(ctxs, payloads), strict=True):
+                res = dataclasses.replace(res, bytes_down=payload_nbytes(p))
+                if analyse:
+                    if res.weights is not None:  # the client's trained model, for its analysis
+                        set_weights(self.model, res.weights)
+                    res = dataclasses.replace(res, analysis=self._local_analysis(chains[i][pos]))
+                out[i].append(res)
+        return out
+
+    def _analyses_due(self, rnd: int) -> bool:
+        """Whether the local models of training round ``rnd`` are analysed (``eval.analyses``, at an
+        evaluated round; not the prologue or the epilogue)."""
+        return self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
+
+    def _local_analysis(self, cid: int) -> dict[str, float | None]:
+        """The local model as ``cid``'s local update left it, on G-Test split by the classes
+        ``cid`` observed (:mod:`raysim.results.analysis`), as ``local_*`` values."""
+        from raysim.results.analysis import ClassStats, sample_analysis
+
+        data = self.data
+        if self._gtest is None:
+            self._gtest = self.gather(data.gtest, np.arange(len(data.gtest)))
+        x, y = self._gtest
+        correct, align, norm = sample_analysis(self.model, x, y, self.cfg.eval.batch_size)
+        stats = ClassStats.of(data.gtest.y, correct, align, norm, data.num_classes)
+        observed = np.bincount(data.train.y[data.client_train[cid]], minlength=data.num_classes) > 0
+        return {f"local_{k}": v for k, v in stats.split(observed).items()}
+
+    def evaluate(
+        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+    ) -> EvalPart:
+        """The global model's correctness on ``targets`` (each test sample is predicted once, by
+        one worker) and the personalised models' correct counts on ``clients``' P-Tests."""
+        torch.set_num_threads(self.cfg.train_threads)
+        bs = self.cfg.eval.batch_size
+        global_correct: list[np.ndarray] = []
+        global_align: list[np.ndarray] = []
+        global_norm: list[np.ndarray] = []
+        gm = self.algo.global_model(self.model, eval_payload) if targets else None
+        if gm is not None:
+            gm.eval()
+            for t in targets:
+                ds = getattr(self.data, t.pool)
+                if self.cfg.eval.analyses and t.pool != "train":  # correctness, alignment and norm in one pass
+                    from raysim.results.analysis import sample_analysis
+
+                    correct, align, norm = sample_analysis(gm, *self.gather(ds, t.indices), bs)
+                    global_correct.append(correct)
+                    global_align.append(align)
+                    global_norm.append(norm)
+                else:
+                    global_correct.append(self._correct_on(gm, ds, t.indices, bs))
+        personal: list[tuple[int, int | None]] = []
+        for c in clients:
+            pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
+            if pm is None:
+                personal.append((c, None))
+                continue
+            pm.eval()
+            forward = self.algo.personal_forward(pm, eval_payload)
+            personal.append(
+                (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
+            )
+        return EvalPart(tuple(global_correct), tuple(personal), tuple(global_align), tuple(global_norm))
+
+    def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:
+        if idx.size == 0:
+            return np.zeros(0, dtype=bool)
+        x, y = self.gather(ds, idx)
+        pred = predict(forward, x, batch_size)
+        out: np.ndarray = (pred == y).cpu().numpy()
+        return out
+
+
+__all__ = ["ClientRuntime"]

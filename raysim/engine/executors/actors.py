@@ -1,0 +1,162 @@
+"""The Ray actors: client workers (each hosting many virtual clients) and the server."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raysim.config import ExperimentConfig
+from raysim.data import FederatedData
+from raysim.errors import ConfigError
+from raysim.records import EvalPart, EvalTarget, RoundStats
+from raysim.weights import ModelWeights
+from raysim.wire import ClientStats, Job, JobResult
+
+if TYPE_CHECKING:
+    from raysim.toolkit.context import ClientMemory
+
+
+class ClientWorker:
+    """A client-worker actor: hosts the clients whose home it is (and runs stateless jobs).
+
+    The constructor only keeps its arguments; :meth:`setup` builds the runtime, so that bad input
+    found there (a model that does not fit the data) reaches the driver as its ConfigError."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, index: int) -> None:
+        self.cfg, self.data, self.index = cfg, data, index
+
+    def setup(self) -> tuple[str, str]:
+        """Build the runtimes (one per job slot, :mod:`~raysim.engine.executors.slots`); returns (torch
+        device, Ray node id)."""
+        import ray
+
+        from raysim.engine.executors.slots import JobSlots
+        from raysim.logs import setup_worker_logging
+
+        setup_worker_logging()
+        self.slots = JobSlots(self.cfg, self.data, self.cfg.worker_jobs)
+        self.runtime = self.slots.main
+        self.slots.warm_up()
+        return str(self.runtime.device), ray.get_runtime_context().get_node_id()
+
+    def initial_weights(self) -> ModelWeights:
+        return self.runtime.initial_weights
+
+    def ping(self) -> int:
+        return self.index
+
+    def run_chain(
+        self, rnd: int, clients: Sequence[int], payload: Any, prev: Any
+    ) -> tuple[list[Any], dict[int, ClientMemory], int]:
+        """Called with ``num_returns=3``: the segment's results, its clients' memories as they
+        leave it, and the number of results (a small object the driver reads to learn that the
+        segment succeeded, without fetching the rest)."""
+        last = prev[-1] if prev else None
+        results = self.runtime.run_chain(rnd, clients, payload, last)
+        return results, self.runtime.export_states(clients), len(results)
+
+    def run_jobs(self, rnd: int, jobs: Sequence[tuple[Sequence[int], int]], *payloads: Any) -> tuple[Any, ...]:
+        """Chains that start from a payload (no earlier segment), ``(clients, k)`` each, trained
+        from ``payloads[k]`` on the job slots. Called with ``num_returns=len(jobs) + 2``: each
+        job's results, the clients' memories as they leave, and the number of results."""
+        results = self.slots.run_jobs(rnd, [(clients, payloads[k]) for clients, k in jobs])
+        clients = [c for chain, _ in jobs for c in chain]
+        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
+
+    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, ...]:
+        """Called with ``num_returns=len(chains) + 2``: each job's results (one segment, what the
+        server reads), the clients' memories, and the number of results."""
+        results = self.runtime.run_batch(rnd, chains, payload)
+        clients = [c for chain in chains for c in chain]
+        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
+
+    def import_states(self, clients: Sequence[Sequence[int]], *parts: dict[int, ClientMemory]) -> None:
+        """Take ``clients[k]``'s memories from ``parts[k]`` (a replacement worker, or a resumed run)."""
+        for wanted, part in zip(clients, parts, strict=True):
+            self.runtime.import_states({c: part[c] for c in wanted if c in part})
+
+    def evaluate(
+        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+    ) -> EvalPart:
+        return self.slots.evaluate(rnd, eval_payload, targets, clients)
+
+
+class ServerActor:
+    """The server actor: a :class:`~raysim.engine.server.ServerHost` whose payloads go into the object
+    store once."""
+
+    def __init__(self, cfg: ExperimentConfig, stats: ClientStats) -> None:
+        self.args = (cfg, stats)
+        self._jobs: list[Job] = []
+
+    def setup(self, init_weights: ModelWeights) -> None:
+        """``init_weights`` comes here, not to the constructor: an actor whose constructor waits for
+        an argument is not started until the argument exists, and the server's process can start
+        while the client workers set up (the weights are worker 0's, once it is set up)."""
+        import ray
+
+        from raysim.engine.server import ServerHost
+        from raysim.logs import setup_worker_logging
+
+        setup_worker_logging()
+        self.host = ServerHost(*self.args, init_weights)
+        ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
+
+    def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        import ray
+
+        self._jobs = self.host.plan(rnd, sampled)
+        refs: dict[int, Any] = {}
+        out = []
+        for job in self._jobs:
+            key = id(job.payload)
+            if key not in refs:
+                refs[key] = ray.put(job.payload)
+            out.append(dataclasses.replace(job, payload=refs[key]))
+        return out
+
+    def aggregate(self, rnd: int, segment_refs: Sequence[Sequence[Any]]) -> tuple[RoundStats, Any]:
+        """Called with ``num_returns=2``: the round's statistics and the new server state (kept
+        by the driver as the last good state)."""
+        import ray
+
+        results = []
+        for job, refs in zip(self._jobs, segment_refs, strict=True):
+            links = [r for seg in ray.get(list(refs)) for r in seg]
+            results.append(JobResult(job, tuple(links)))
+        return self.host.aggregate(rnd, results), self.host.state
+
+    def eval_payload(self) -> Any:
+        return self.host.eval_payload()
+
+    def observe_validation(self, rnd: int, accuracy: float) -> Any:
+        self.host.observe_validation(rnd, accuracy)
+        return self.host.state
+
+    def get_state(self) -> Any:
+        return self.host.state
+
+    def ping(self) -> None:
+        pass
+
+    def set_state(self, state: Any) -> None:
+        self.host.state = state
+
+
+def config_errors_first(refs: Sequence[Any]) -> Any:
+    """``ray.get(refs)``, raising a ConfigError that a task raised as itself (bad input found where
+    the model is built), not wrapped in Ray's task error."""
+    import ray
+
+    try:
+        return ray.get(list(refs))
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ConfigError):
+            raise e.cause from None
+        raise
+
+
+__all__ = ["ClientWorker", "ServerActor", "config_errors_first"]

@@ -1,0 +1,276 @@
+"""The Ray executor: jobs on client-worker actors, the server logic in a server actor.
+
+Each client worker asks for a share of a CPU or a fraction of a GPU and hosts many virtual clients
+(:mod:`~raysim.engine.executors.placement` says where they live and where jobs run). The dataset goes into
+the object store once and every worker reads it zero-copy. A chain whose clients live on several
+workers runs as segments, each segment's result passed to the next worker as an ObjectRef that never
+visits the driver. A worker's chains that start from a payload go to it in one call, which trains
+them side by side on its job slots (:mod:`~raysim.engine.executors.slots`). What goes to which worker in
+which order is a pure plan (:mod:`~raysim.engine.executors.schedule`); this executor submits it, collects
+the results and replaces workers that die (:mod:`~raysim.engine.executors.recovery`).
+
+The executor owns its Ray session (:mod:`~raysim.engine.executors.session`): :meth:`RayExecutor.start`
+starts local Ray or joins a cluster while the data loads, and :meth:`RayExecutor.shutdown` stops Ray
+if it started it. Inside a Ray session someone else started (a suite's trial, a test), it uses that
+session and leaves it running.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from raysim.config import ExperimentConfig
+from raysim.data import FederatedData
+from raysim.engine.executors import session
+from raysim.engine.executors.actors import ServerActor, config_errors_first
+from raysim.engine.executors.base import DataLoader
+from raysim.engine.executors.evaluation import (
+    accuracy_of,
+    assemble_report,
+    eval_targets,
+    split_targets,
+    validated,
+    validation_target,
+)
+from raysim.engine.executors.placement import lpt_assign
+from raysim.engine.executors.recovery import WorkerPool, server_get
+from raysim.engine.executors.schedule import BatchCall, Call, JobsCall, RoundPlan, next_wave, plan_round
+from raysim.engine.experiment import Experiment
+from raysim.records import EvalReport, RoundStats, Snapshot
+from raysim.wire import ClientStats, Job
+
+log = logging.getLogger(__name__)
+
+
+class RayExecutor:
+    """See the module docstring. ``owns_ray``: this executor started Ray and stops it at the end."""
+
+    def __init__(
+        self, experiment: ExperimentConfig | Experiment, data: FederatedData, num_workers: int, owns_ray: bool = False
+    ) -> None:
+        """``experiment``: checked by the runner, or a bare config (its algorithm resolved here)."""
+        import ray
+
+        exp = Experiment.of(experiment)
+        cfg = self.cfg = exp.cfg
+        self.num_workers = num_workers
+        self.owns_ray = owns_ray
+        algo_cls = exp.algorithm
+        self.has_global = algo_cls.has_global_model
+        self.batch_pinned = algo_cls.batching.pinned
+        self.has_personal = algo_cls.evaluates_personal(cfg)
+        self.sizes = [int(s.size) for s in data.client_train]
+        data_ref = ray.put(data)  # once; workers read the arrays zero-copy
+        # the driver keeps the object-store copy too, not a private one of its own
+        self.data: FederatedData = ray.get(data_ref)
+        stats = ClientStats.from_label_counts(data.train_label_counts(), data.train.input_shape)
+        self.pool = WorkerPool(cfg, data_ref, lpt_assign([float(s) for s in self.sizes], num_workers), num_workers)
+        setups = [w.setup.remote() for w in self.pool.workers]
+        # the server starts from worker 0's seeded initial weights (an ObjectRef that Ray resolves
+        # once worker 0 is set up); it needs no model, and so no PyTorch, of its own
+        init_weights = self.pool.workers[0].initial_weights.remote()
+        server_cls: Any = ray.remote(ServerActor)
+        self.server = server_cls.options(num_cpus=0).remote(cfg, stats)
+        server_setup = self.server.setup.remote(init_weights)
+        placed: list[tuple[str, str]] = config_errors_first(setups)
+        config_errors_first([server_setup])  # e.g. a model too small for FedDr+'s ETF
+        self.devices = [d for d, _ in placed]  # each worker's torch device, e.g. "cuda" on a GPU share
+        self.nodes = [n for _, n in placed]  # each worker's Ray node
+        # the last good server state: of the last completed round (committed) and of this round so far
+        self.completed = -1
+        self.server_state: Any = self.server.get_state.remote()
+        self.committed_server_state: Any = self.server_state
+        log.info(
+            "%d client workers ready on %d node(s) (%s)",
+            num_workers,
+            len(set(self.nodes)),
+            ", ".join(sorted(set(self.devices))),
+        )
+
+    @classmethod
+    def start(cls, experiment: Experiment, load_data: DataLoader) -> RayExecutor:
+        """Start local Ray (or join the configured cluster, or use the Ray session already running
+        here) while the data loads in a thread (both are mostly waiting), then the actors."""
+        cfg = experiment.cfg
+        started = False
+        try:
+            with ThreadPoolExecutor(1) as threads:
+                loading = threads.submit(load_data)
+                try:
+                    started = session.start_ray(cfg)
+                finally:
+                    data = loading.result()
+            workers = session.default_workers(cfg)
+            session.check_resources(cfg, workers)
+            return cls(experiment, data, workers, owns_ray=started)
+        except BaseException:
+            if started:
+                session.stop_ray()
+            raise
+
+    @property
+    def restarts(self) -> int:
+        return self.pool.restarts
+
+    @property
+    def home(self) -> list[int]:
+        return self.pool.home
+
+    @property
+    def workers(self) -> list[Any]:
+        return self.pool.workers
+
+    # ---- rounds
+
+    def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
+        """The server's plan for the round, scheduled (:mod:`~raysim.engine.executors.schedule`) and
+        submitted wave by wave until every segment is done (a failed call's segments go again, on
+        a replacement worker); then the server aggregates, and the global model is validated if
+        the algorithm asks."""
+        import ray
+
+        planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
+        plan = plan_round(
+            planned, self.cfg.train.batch_clients, self.batch_pinned, self.pool.home, self.sizes, self.num_workers
+        )
+        results: list[list[Any]] = [[None] * len(segs) for segs in plan.placement]
+        done: set[tuple[int, int]] = set()
+        homecoming: list[Any] = []
+        while calls := next_wave(plan, done):
+            # each call's memories ref and count ref (the count resolves once the call is done)
+            submitted = [self._submit(rnd, plan, call, results) for call in calls]
+            failure: BaseException | None = None
+            for call, (states, count) in zip(calls, submitted, strict=True):
+                try:
+                    ray.get(count)
+                except ray.exceptions.RayError as e:
+                    failure = failure or e
+                    continue
+                for m in call.members:
+                    done.add(m.key)
+                    pinned_batch = plan.pinned_batch[m.unit]
+                    if plan.jobs[m.unit].pinned or pinned_batch:  # clients whose memory lives on a home worker
+                        self.pool.latest.update(dict.fromkeys(m.clients, states))
+                    if pinned_batch:
+                        homecoming += self._send_home(m.worker, m.clients, states)
+            if failure is not None:
+                self.pool.recover(failure, self.server)
+        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, plan.per_planned_job(results))
+        stats: RoundStats = server_get(stats_ref)
+        ray.get(homecoming)
+        self.server_state = state_ref
+        return validated(stats, rnd, self.validate)
+
+    def _submit(self, rnd: int, plan: RoundPlan, call: Call, results: list[list[Any]]) -> tuple[Any, Any]:
+        """Submit ``call``; its members' results refs go into ``results``. Returns the refs of the
+        memories it leaves and of its count."""
+        worker = self.pool.workers[call.worker]
+        if isinstance(call, JobsCall):  # first segments, each from its job's payload
+            payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))  # each once
+            specs = [(m.clients, payloads.index(plan.jobs[m.unit].payload)) for m in call.members]
+            refs = worker.run_jobs.options(num_returns=len(specs) + 2).remote(rnd, specs, *payloads)
+            for m, res in zip(call.members, refs[:-2], strict=True):
+                results[m.unit][m.segment] = res
+            return refs[-2], refs[-1]
+        m = call.member
+        if isinstance(call, BatchCall):
+            if call.pinned:  # the members' memories from their homes, before the batch
+                self._bring(call.worker, m.clients)
+            refs = worker.run_batch.options(num_returns=len(call.chains) + 2).remote(
+                rnd, list(call.chains), plan.jobs[m.unit].payload
+            )
+            results[m.unit][m.segment] = list(refs[:-2])
+            return refs[-2], refs[-1]
+        res, states, count = worker.run_chain.options(num_returns=3).remote(  # from the segment before
+            rnd, m.clients, plan.jobs[m.unit].payload, results[m.unit][m.segment - 1]
+        )
+        results[m.unit][m.segment] = res
+        return states, count
+
+    def _bring(self, w: int, clients: Sequence[int]) -> None:
+        """Worker ``w`` takes the latest memories of those of ``clients`` whose home is elsewhere
+        (queued before the batch that needs them: an actor runs its calls in order)."""
+        by_ref: dict[Any, list[int]] = {}
+        for c in clients:
+            if self.pool.home[c] != w and c in self.pool.latest:
+                by_ref.setdefault(self.pool.latest[c], []).append(c)
+        if by_ref:
+            refs = list(by_ref)
+            self.pool.workers[w].import_states.remote([by_ref[r] for r in refs], *refs)
+
+    def _send_home(self, w: int, clients: Sequence[int], states: Any) -> list[Any]:
+        """Each home worker other than ``w`` takes its clients' memories as a batch on ``w`` left them."""
+        by_home: dict[int, list[int]] = {}
+        for c in clients:
+            if self.pool.home[c] != w:
+                by_home.setdefault(self.pool.home[c], []).append(c)
+        return [self.pool.workers[h].import_states.remote([cs], states) for h, cs in by_home.items()]
+
+    def evaluate(self, rnd: int) -> EvalReport:
+        payload = self.server.eval_payload.remote()
+        targets = eval_targets(self.data) if self.has_global else []
+        chunks = split_targets(targets, self.num_workers)
+        clients = [self.pool.clients_of(w) if self.has_personal else [] for w in range(self.num_workers)]
+        parts = self.pool.on_all(
+            lambda w, worker: worker.evaluate.remote(rnd, payload, chunks[w], clients[w]), self.server
+        )
+        return assemble_report(self.data, targets, parts, self.has_global)
+
+    def validate(self, rnd: int) -> float:
+        """The global model's accuracy on the validation parts, passed back to the server."""
+        payload = self.server.eval_payload.remote()
+        chunks = split_targets([validation_target(self.data)], self.num_workers)
+        parts = self.pool.on_all(lambda w, worker: worker.evaluate.remote(rnd, payload, chunks[w], []), self.server)
+        accuracy = accuracy_of(parts)
+        state_ref = self.server.observe_validation.remote(rnd, accuracy)
+        server_get(state_ref)
+        self.server_state = state_ref
+        return accuracy
+
+    # ---- checkpoints
+
+    def end_round(self, rnd: int) -> None:
+        self.completed = rnd
+        self.committed_server_state = self.server_state
+        self.pool.commit()
+
+    def snapshot(self) -> Snapshot:
+        """Fetched from the object store (the states outlive the actors that made them)."""
+        import ray
+
+        refs = self.pool.committed
+        unique = list(set(refs.values()))
+        parts = dict(zip(unique, ray.get(unique), strict=True))
+        server_state = ray.get(self.committed_server_state)
+        return Snapshot(self.completed, server_state, {c: parts[ref][c] for c, ref in sorted(refs.items())})
+
+    def restore(self, snapshot: Snapshot) -> None:
+        import ray
+
+        calls = [self.server.set_state.remote(snapshot.server_state)]
+        for w, worker in enumerate(self.pool.workers):
+            part = {c: s for c, s in snapshot.client_states.items() if self.pool.home[c] == w}
+            if part:
+                ref = ray.put(part)
+                calls.append(worker.import_states.remote([list(part)], ref))
+                self.pool.latest.update(dict.fromkeys(part, ref))
+        server_get(calls[0])
+        ray.get(calls[1:])
+        self.server_state = self.server.get_state.remote()
+        self.end_round(snapshot.round)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            self.pool.shutdown()
+            ray.kill(self.server)
+        finally:
+            if self.owns_ray:
+                session.stop_ray()
+
+
+__all__ = ["RayExecutor"]

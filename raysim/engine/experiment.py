@@ -1,0 +1,201 @@
+"""From settings to a checked experiment, in the driver and before any work.
+
+:func:`resolve_config` puts the algorithm's paper setup beneath the given settings;
+:func:`validate` checks the whole config against the registries (:mod:`raysim.registry`): every
+setting's range, the names, the model against the dataset's input, the partition against the
+dataset's size and class count, the data directory and the algorithm's own parameters. None of it
+needs the data, Ray or PyTorch, so bad input ends in well under a second with one sentence.
+:func:`validate` returns an :class:`Experiment`: the config with the algorithm class and typed
+settings it found, which the runner and the executors take, so that a run looks the algorithm up
+and checks its config once in the driver (a server or worker process, which has only the config,
+builds its algorithm object with :func:`make_algorithm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raysim.capabilities.settings import engine_params, engine_settings
+from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
+from raysim.engine.hooks import AlgorithmHooks
+from raysim.errors import ConfigError
+from raysim.plugins import load_plugins
+from raysim.registry import (
+    ALGORITHMS,
+    DATASETS,
+    EXECUTORS,
+    MODELS,
+    PARTITIONS,
+    TEST_MODES,
+    DatasetInfo,
+    dataset_info,
+    load_ref,
+    parse_partition,
+    parse_test_mode,
+)
+
+
+def algorithm_class(name: str) -> type[AlgorithmHooks]:
+    """The registered algorithm ``name``, or a user's own class named ``package.module:Class``
+    (importable on every worker), so a new algorithm needs no change to raysim."""
+    if ":" not in name:
+        cls: type[AlgorithmHooks] = ALGORITHMS.get(name)
+        return cls
+    try:
+        obj = load_ref(name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"The algorithm {name!r} cannot be imported ({e}).") from None
+    hooks = ("init", "plan", "aggregate", "local_update")
+    if not (isinstance(obj, type) and all(callable(getattr(obj, h, None)) for h in hooks)):
+        raise ConfigError(f"{name!r} is not an algorithm class (an algorithms.base.Algorithm subclass).")
+    return obj
+
+
+#: parameter names that cannot be Config fields (Python keywords), and the field each one sets
+KEYWORD_PARAMS = {"lambda": "lam"}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A config as the driver resolved it, once: the algorithm's class and its typed settings
+    (``params``, the class's ``check`` passed). :func:`validate` makes one after checking
+    everything else; :meth:`of` only resolves the algorithm (what building it needs)."""
+
+    cfg: ExperimentConfig
+    algorithm: type[AlgorithmHooks]
+    params: Any
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig | Experiment) -> Experiment:
+        """``cfg`` itself when it is an experiment already, else its algorithm resolved."""
+        if isinstance(cfg, Experiment):
+            return cfg
+        load_plugins(cfg.plugins)  # what they register may be the algorithm (raysim.plugins)
+        algo = algorithm_class(cfg.algo)
+        return cls(cfg, algo, algorithm_params(cfg, algo))
+
+    def make_algorithm(self) -> AlgorithmHooks:
+        """A new algorithm object for this experiment (a server's, a client runtime's)."""
+        return self.algorithm(self.cfg, self.params)
+
+
+def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks] | None = None) -> Any:
+    """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
+    checked against the rest of ``cfg``. ``algo.lambda`` sets the field ``lam``, and the class's
+    ``aliases`` name other fields. ``cls``: the algorithm's class, if already looked up."""
+    cls = cls if cls is not None else algorithm_class(cfg.algo)
+    names = {**KEYWORD_PARAMS, **cls.aliases}
+    raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
+    # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
+    _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw})
+    params = from_dict(cls.Config, raw, where="algo")
+    cls.check(cfg, params)
+    return params
+
+
+def _check_engine_params(given: Mapping[str, Any]) -> None:
+    names = engine_settings(given).regularizers  # each setting's own range is declared with it
+    if len(set(names)) < len(names):
+        raise ConfigError(f"algo.regularizers lists each regulariser once, not {list(names)!r}.")
+
+
+def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:
+    """The algorithm object of a process that has only the config (a server actor, a client
+    worker): the one place outside :func:`validate` that looks the algorithm up."""
+    return Experiment.of(cfg).make_algorithm()  # a worker's first read of the registries
+
+
+def resolve_config(settings: Mapping[str, Any]) -> ExperimentConfig:
+    """Nested settings (a config file merged with the command line) -> the experiment config, with
+    the algorithm's paper setup for the chosen dataset beneath them unless they say
+    ``paper_setup: false``, and beneath that the dataset's own model (``DatasetEntry.model``) when
+    neither names one."""
+    given: ExperimentConfig = from_dict(ExperimentConfig, settings)
+    load_plugins(given.plugins)  # what they register may be named below (an algorithm, a dataset)
+    base: dict[str, Any] = {}
+    if "model" not in settings:  # a model that fits the dataset, unless the paper setup names one
+        fits = DATASETS.get(given.data.dataset).model if given.data.dataset in DATASETS else ""
+        if fits:
+            base["model"] = fits
+    if given.paper_setup:
+        setup = algorithm_class(given.algo).paper_setup(dataset_info(given.data))
+        for key, value in setup.items():
+            set_dotted(base, key, value)
+    if not base:
+        return given
+    resolved: ExperimentConfig = from_dict(ExperimentConfig, merge(base, settings))
+    return resolved
+
+
+def validate(cfg: ExperimentConfig) -> Experiment:
+    """Raise :class:`ConfigError` with one clear sentence for the first bad setting; everything
+    that can be known without the data, Ray or PyTorch. Returns the checked :class:`Experiment`."""
+    load_plugins(cfg.plugins)
+    _check_training(cfg)
+    _check_ray(cfg)
+    EXECUTORS.get(cfg.ray.executor)
+    info = _check_data(cfg)
+    MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
+    exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
+    cls = exp.algorithm
+    if cfg.train.batch_clients > 1:
+        if not cls.batching.possible:
+            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.batching.why_not}")
+        if not MODELS.get(cfg.model).batchable:
+            raise ConfigError(
+                f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "
+                "layers, whose statistics one batched step cannot keep per client."
+            )
+    return exp
+
+
+def _check_training(cfg: ExperimentConfig) -> None:
+    """What relates several settings, or the items of one (each setting's own range is declared
+    with it in raysim/config.py and checked as the config is built)."""
+    if any(not 0 < m < 1 for m in cfg.train.lr_milestones):
+        raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
+
+
+def _check_ray(cfg: ExperimentConfig) -> None:
+    if cfg.ray.cpus_per_worker == 0 and cfg.ray.gpus_per_worker == 0:
+        raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
+
+
+def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
+    d = cfg.data
+    entry = DATASETS.get(d.dataset)
+    if entry.reads_files and d.data_dir is not None and Path(d.data_dir).expanduser().exists():
+        if not Path(d.data_dir).expanduser().is_dir():
+            raise ConfigError(f"The data directory {d.data_dir} is a file, not a directory.")
+    info = entry.info(d.dataset, d)
+    if info.num_classes < 1 or info.train_size < 1 or info.test_size < 1 or not info.input_shape:
+        raise ConfigError(f"The {d.dataset} dataset needs at least 1 class, 1 training and 1 test sample.")
+    if any(s < 1 for s in info.input_shape):
+        raise ConfigError(f"The {d.dataset} samples' shape must be positive sizes, not {info.input_shape}.")
+    partition = parse_partition(d.partition)
+    test_mode = parse_test_mode(d.test_mode)
+    if test_mode.kind == "natural":
+        if entry.natural_clients == 0:
+            raise ConfigError(
+                f"The natural test mode needs data with clients of its own; {d.dataset} has none (femnist has)."
+            )
+        if partition.kind != "natural":
+            raise ConfigError("The natural test mode needs the natural partition (--partition natural).")
+    pool = info.train_size + (info.test_size if TEST_MODES.get(test_mode.kind).pools_test_set else 0)
+    feasible = load_ref(PARTITIONS.get(partition.kind).feasible)
+    feasible(partition.param, cfg.clients, info.num_classes, pool, d)
+    return info
+
+
+__all__ = [
+    "Experiment",
+    "algorithm_class",
+    "algorithm_params",
+    "dataset_info",
+    "make_algorithm",
+    "resolve_config",
+    "validate",
+]

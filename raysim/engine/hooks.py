@@ -1,0 +1,92 @@
+"""What the engine asks of an algorithm: the hooks, as a typing protocol.
+
+The base class that implements them with their defaults is ``algorithms.base.Algorithm`` (docs/design.md:
+the engine never imports ``algorithms/``; it finds algorithm classes through
+:data:`raysim.registry.ALGORITHMS` and calls them through this protocol).
+
+server side (in the server actor)
+    ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
+    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
+client side (in a client worker)
+    ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
+    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
+    ``personal_forward(model, eval_payload)``
+both (a static method)
+    ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
+    features), applied wherever the run builds its model
+
+Optional features are capability objects on the class (``batching``, ``finetune``,
+``regularizers``, ``extra_rounds``, ``round_log``, ``validation``), each with its own module; the
+engine asks the capability, and the hooks only a capability calls (``round_scalars``,
+``observe_validation``, ``ft_weights``, ...) are documented there, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.extra_rounds import ExtraRounds
+from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.validation import Validation
+from raysim.config import ExperimentConfig
+from raysim.registry import DatasetInfo
+from raysim.wire import ClientResult, Job, JobResult, ServerContext
+
+if TYPE_CHECKING:
+    from raysim.models import SplitModel
+    from raysim.toolkit.context import ClientContext
+
+
+class AlgorithmHooks(Protocol):
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    has_global_model: ClassVar[bool]
+    has_personal_model: ClassVar[bool]
+    finetune: ClassVar[Any]  # raysim.capabilities.finetune.FineTune, or None
+    regularizers: ClassVar[Any]  # raysim.capabilities.regularizers.Regularizable, or None
+    batching: ClassVar[Batching]
+    extra_rounds: ClassVar[ExtraRounds]
+    round_log: ClassVar[RoundLog | None]
+    validation: ClassVar[Validation | None]
+    aliases: ClassVar[dict[str, str]]
+
+    def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @classmethod
+    def evaluates_personal(cls, cfg: ExperimentConfig) -> bool: ...
+
+    @classmethod
+    def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]: ...
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig, params: Any) -> None: ...
+
+    @staticmethod
+    def adapt_model(model: SplitModel) -> SplitModel: ...
+
+    # server side
+    def init(self, ctx: ServerContext) -> Any: ...
+
+    def plan(self, state: Any, rnd: int, sampled: Sequence[int]) -> list[Job]: ...
+
+    def aggregate(self, state: Any, rnd: int, results: Sequence[JobResult]) -> Any: ...
+
+    def eval_payload(self, state: Any) -> Any: ...
+
+    # client side
+    def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult: ...
+
+    def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]: ...
+
+    def continue_chain(self, payload: Any, prev: ClientResult) -> Any: ...
+
+    def global_model(self, model: SplitModel, eval_payload: Any) -> SplitModel | None: ...
+
+    def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None: ...
+
+    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any: ...
+
+
+__all__ = ["AlgorithmHooks"]

@@ -1,0 +1,74 @@
+"""The server side: holds the algorithm's server state, plans jobs and aggregates results.
+
+docs/design.md: the server actor holds the server state (global weights, global head, prototypes,
+groupings) and does aggregation, global-head training and grouping, so the driver stays thin and
+nothing big crosses it. :class:`ServerHost` is that logic; the serial executor calls it in-process
+and the Ray executor wraps it in an actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from raysim.config import ExperimentConfig, evaluation_due
+from raysim.engine.experiment import make_algorithm
+from raysim.engine.hooks import AlgorithmHooks
+from raysim.records import RoundStats
+from raysim.weights import ModelWeights
+from raysim.wire import ClientStats, Job, JobResult, ServerContext
+
+log = logging.getLogger(__name__)
+
+
+class ServerHost:
+    """``init_weights`` are the seeded initial model's (every part), as a client runtime built
+    them: the server needs no model of its own, so it loads PyTorch only if its algorithm does."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        stats: ClientStats,
+        init_weights: ModelWeights,
+        algorithm: AlgorithmHooks | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        self.state = self.algo.init(
+            ServerContext(cfg=cfg, clients=stats, init_weights=init_weights, adapt=self.algo.adapt_model)
+        )
+
+    def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        return self.algo.plan(self.state, rnd, sampled)
+
+    def aggregate(self, rnd: int, results: Sequence[JobResult]) -> RoundStats:
+        self.state = self.algo.aggregate(self.state, rnd, results)
+        flat = [r for jr in results for r in jr.results]
+        log, val = self.algo.round_log, self.algo.validation
+        n = sum(r.num_samples for r in flat)
+        loss = sum(r.train_loss * r.num_samples for r in flat) / max(n, 1)
+        return RoundStats(
+            rnd=rnd,
+            clients=len(flat),
+            train_loss=float(loss),
+            num_samples=n,
+            bytes_down=sum(r.bytes_down for r in flat),
+            bytes_up=sum(r.bytes_up for r in flat),
+            samples_trained=sum(r.samples_trained for r in flat),
+            client_analyses=tuple((r.client, r.analysis) for r in flat if r.analysis is not None),
+            client_epochs=sum(r.samples_trained / r.num_samples for r in flat if r.num_samples),
+            scalars=log.scalars(self.algo, self.state, rnd) if log else (),
+            texts=log.texts(self.algo, self.state, rnd) if log else (),
+            images=log.images(self.algo, self.state, rnd) if log and evaluation_due(self.cfg, rnd) else (),
+            validate=val.wanted(self.algo, self.state, rnd) if val else False,
+        )
+
+    def observe_validation(self, rnd: int, accuracy: float) -> None:
+        """The global model's validation accuracy after round ``rnd``, for an algorithm with the
+        ``validation`` capability (asked for in that round's ``RoundStats.validate``)."""
+        assert self.algo.validation is not None
+        self.state = self.algo.validation.observe(self.algo, self.state, rnd, accuracy)
+
+    def eval_payload(self) -> Any:
+        return self.algo.eval_payload(self.state)

@@ -1,0 +1,118 @@
+"""FedDr+'s analyses (seed 004, Sec. 2.3 and Figs. 2-5), for any algorithm: ``eval.analyses: true``.
+
+They cost an extra forward pass over G-Test for every client trained in an evaluated round (the
+global model's features come from its evaluation pass), so they are off by default. At every evaluated round:
+
+- the global model: its accuracy on each class of G-Test (``gm_class_acc``, a list in
+  metrics.parquet, ``classes/gm_acc/<c>`` in TensorBoard); and for each client, on G-Test's samples
+  of the classes the client observed (O^i: present in its training data) and of those it did not
+  (U^i): accuracy, feature-classifier alignment cos(f(x), v_y) and feature norm ||f(x)||
+  (``gm_obs_acc``, ``gm_unobs_acc``, ``gm_obs_align``, ``gm_unobs_align``, ``gm_obs_norm``,
+  ``gm_unobs_norm`` in clients.parquet; their means over the clients in metrics.parquet);
+- the local models theta_r^i (as each sampled client's local training left them, before the
+  server aggregates): the same six on G-Test split by the client's O^i and U^i (``local_*``, for
+  the clients trained in the round; their means in metrics.parquet: FedDr+'s Figs. 2, 3 and 5 are
+  these means, and its gaps are ``local_*`` at round r minus ``gm_*`` at round r - 1, with
+  ``eval.every: 1``).
+
+f(x) is the input of the global head (:func:`raysim.toolkit.features.representation`) and v_y the head's
+row for class y. A client with no unobserved class has no ``*_unobs_*`` values (null); the means
+skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models import SplitModel
+
+#: (obs | unobs) x (acc | align | norm): the per-client columns, each prefixed gm_ or local_
+SPLIT_KEYS = tuple(f"{side}_{what}" for side in ("obs", "unobs") for what in ("acc", "align", "norm"))
+#: every column the analyses add to metrics.parquet (besides ``gm_class_acc``) and clients.parquet
+ANALYSIS_COLUMNS = tuple(f"{who}_{k}" for who in ("gm", "local") for k in SPLIT_KEYS)
+
+
+@dataclass(frozen=True)
+class ClassStats:
+    """Per class c of a test set: samples, correct predictions, and the sums of cos(f(x), v_y) and
+    ||f(x)|| over its samples."""
+
+    count: np.ndarray  # (C,) int64
+    correct: np.ndarray  # (C,) int64
+    align_sum: np.ndarray  # (C,) float64
+    norm_sum: np.ndarray  # (C,) float64
+
+    @classmethod
+    def of(cls, y: np.ndarray, correct: np.ndarray, align: np.ndarray, norm: np.ndarray, num_classes: int) -> ClassStats:
+        """From per-sample labels, correctness, alignment and norm."""
+        return cls(
+            np.bincount(y, minlength=num_classes).astype(np.int64),
+            np.bincount(y, weights=correct.astype(np.float64), minlength=num_classes).round().astype(np.int64),
+            np.bincount(y, weights=align.astype(np.float64), minlength=num_classes),
+            np.bincount(y, weights=norm.astype(np.float64), minlength=num_classes),
+        )
+
+    def class_accuracy(self) -> list[float | None]:
+        return [None if n == 0 else float(k / n) for k, n in zip(self.correct, self.count, strict=True)]
+
+    def split(self, observed: np.ndarray) -> dict[str, float | None]:
+        """The six values of :data:`SPLIT_KEYS` over the classes where ``observed`` is true (obs) and
+        false (unobs)."""
+        out: dict[str, float | None] = {}
+        for side, mask in (("obs", observed), ("unobs", ~observed)):
+            n = int(self.count[mask].sum())
+            for what, total in (
+                ("acc", self.correct[mask].sum()),
+                ("align", self.align_sum[mask].sum()),
+                ("norm", self.norm_sum[mask].sum()),
+            ):
+                out[f"{side}_{what}"] = None if n == 0 else float(total / n)
+        return out
+
+
+def sample_analysis(
+    model: SplitModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample: whether the global path head(f(x)) predicts y, cos(f(x), v_y) and ||f(x)||, f the
+    head's input and v_y the head's row for y; in eval mode, without gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    from raysim.toolkit.features import representation
+
+    was_training = model.training
+    model.eval()
+    correct, align, norm = [], [], []
+    with torch.inference_mode():
+        for start in range(0, x.shape[0], batch_size):
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            f = representation(model, xb)
+            correct.append(model.head(f).argmax(dim=1) == yb)
+            align.append(F.cosine_similarity(f, model.head.weight.index_select(0, yb), dim=1))
+            norm.append(torch.linalg.vector_norm(f, dim=1))
+    model.train(was_training)
+    if not correct:
+        return np.zeros(0, bool), np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return (
+        torch.cat(correct).cpu().numpy(),
+        torch.cat(align).float().cpu().numpy(),
+        torch.cat(norm).float().cpu().numpy(),
+    )
+
+
+def mean_over_clients(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float | None]:
+    """The mean of each key over the rows that have a value for it (None where none has)."""
+    out: dict[str, float | None] = {}
+    for k in keys:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = float(np.mean(vals)) if vals else None
+    return out
+
+
+__all__ = ["ANALYSIS_COLUMNS", "SPLIT_KEYS", "ClassStats", "mean_over_clients", "sample_analysis"]

@@ -1,0 +1,110 @@
+"""The metrics every algorithm reports (ALGORITHMS.md, "Metrics").
+
+- ``gm_gtest``: the global model on G-Test (the official test set, whole).
+- ``gm_ptest``: the global model on each client's P-Test, averaged over clients.
+- ``lm_ptest``: each client's personalised model on its own P-Test, averaged over clients.
+
+Averages are unweighted (the mean over clients, as FedFCD, FedPAC and FedDr+ report) and
+sample-weighted (``*_weighted``); ``*_std`` is the standard deviation across clients (FedDr+'s
+"± (Y)"). A metric that does not apply to an algorithm is None (null in the tables).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raysim.records import EvalReport
+
+METRICS = ("gm_gtest", "gm_ptest", "lm_ptest")
+
+
+def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
+    pairs = [(c, n) for c, n in zip(correct, totals, strict=True) if c is not None and n > 0]
+    if not pairs:
+        return {"mean": None, "weighted": None, "std": None}
+    acc = np.array([c / n for c, n in pairs])
+    return {
+        "mean": float(acc.mean()),
+        "weighted": float(sum(c for c, _ in pairs) / sum(n for _, n in pairs)),
+        "std": float(acc.std()),
+    }
+
+
+def summarize(report: EvalReport) -> dict[str, Any]:
+    """One row of metrics.parquet from one evaluation (numbers, and with ``eval.analyses`` the
+    list ``gm_class_acc``)."""
+    totals = [c.n_test for c in report.clients]
+    row: dict[str, Any] = {
+        "gm_gtest": (report.gtest_correct / report.gtest_total)
+        if report.gtest_correct is not None and report.gtest_total > 0
+        else None,
+    }
+    for name, values in (
+        ("gm_ptest", [c.gm_correct for c in report.clients]),
+        ("lm_ptest", [c.lm_correct for c in report.clients]),
+    ):
+        s = _client_summary(values, totals)
+        row[name] = s["mean"]
+        row[f"{name}_weighted"] = s["weighted"]
+        row[f"{name}_std"] = s["std"]
+    if report.gm_class_acc is not None:  # eval.analyses (raysim.results.analysis)
+        from raysim.results.analysis import SPLIT_KEYS, mean_over_clients
+
+        row["gm_class_acc"] = report.gm_class_acc
+        splits = [{f"gm_{k}": v for k, v in (c.gm_split or {}).items()} for c in report.clients]
+        row.update(mean_over_clients(splits, tuple(f"gm_{k}" for k in SPLIT_KEYS)))
+    return row
+
+
+def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:
+    """Rows of clients.parquet: a row per client per evaluated round."""
+    return [
+        {
+            "round": rnd,
+            "client": c.client,
+            "n_test": c.n_test,
+            "gm_ptest": None if c.gm_correct is None or c.n_test == 0 else c.gm_correct / c.n_test,
+            "lm_ptest": None if c.lm_correct is None or c.n_test == 0 else c.lm_correct / c.n_test,
+            **{f"gm_{k}": v for k, v in (c.gm_split or {}).items()},
+        }
+        for c in report.clients
+    ]
+
+
+@dataclass
+class MetricHistory:
+    """Best, final and last-k mean of each metric over the evaluated rounds."""
+
+    rows: list[dict[str, Any]]
+
+    def final(self) -> dict[str, float | None]:
+        last = self.rows[-1] if self.rows else {}
+        return {m: last.get(m) for m in METRICS}
+
+    def best(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for m in METRICS:
+            vals = [r[m] for r in self.rows if r.get(m) is not None and not math.isnan(r[m])]
+            out[m] = max(vals) if vals else None
+        return out
+
+    def last(self, k: int, metrics: Sequence[str] = METRICS) -> dict[str, float | None]:
+        """The mean of each metric over its last ``k`` evaluations (those where it has a value):
+        a figure for curves that swing from round to round, where the final value is luck."""
+        out: dict[str, float | None] = {}
+        for m in metrics:
+            vals = [r[m] for r in self.rows if r.get(m) is not None and not math.isnan(r[m])][-k:]
+            out[m] = float(np.mean(vals)) if vals else None
+        return out
+
+    def best_round(self) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for m in METRICS:
+            vals = [(r[m], -r["round"]) for r in self.rows if r.get(m) is not None]
+            out[m] = -max(vals)[1] if vals else None
+        return out

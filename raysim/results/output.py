@@ -1,0 +1,195 @@
+"""What a run leaves behind, written by callbacks on the runner's loop.
+
+In the run directory: ``config.yaml`` (the resolved config), ``metrics.parquet`` (a row per evaluated
+round, with the compute so far), ``clients.parquet`` (a row per client per evaluated round),
+``summary.json`` (final, best and last-k mean metrics, and the compute spent) and ``tb/``
+(TensorBoard scalars per round: accuracies, loss, round time, bytes down and up, samples trained, and
+the algorithm's own scalars).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from raysim.config import ExperimentConfig, dump_yaml
+from raysim.files import replaced_atomically
+from raysim.records import RoundStats
+
+log = logging.getLogger(__name__)
+
+
+class Callback(Protocol):
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None: ...
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None: ...
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None: ...
+
+    def on_end(self, summary: dict[str, Any]) -> None: ...
+
+
+class BaseCallback:
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        pass
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None:
+        pass
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        pass
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        pass
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    if cfg.output.out:
+        return Path(cfg.output.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.algo}-{cfg.data.dataset}-{stamp}"
+
+
+class TableWriter(BaseCallback):
+    """config.yaml at the start; the Parquet tables after every evaluation; summary.json at the end.
+    ``rows`` and ``client_rows`` are the rows before the first round of this run (a resumed run's,
+    from its checkpoint)."""
+
+    def __init__(
+        self, rows: list[dict[str, Any]] | None = None, client_rows: list[dict[str, Any]] | None = None
+    ) -> None:
+        self.rows: list[dict[str, Any]] = list(rows or [])
+        self.client_rows: list[dict[str, Any]] = list(client_rows or [])
+        self.run_dir = Path(".")
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, run_dir / "config.yaml")
+        if self.rows:  # resumed: the tables go back to the checkpoint's (a killed run may have written more)
+            self._write()
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        self.rows.append(row)
+        self.client_rows.extend(clients)
+        self._write()
+
+    def _write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for name, rows in (("metrics.parquet", self.rows), ("clients.parquet", self.client_rows)):
+            # every column any row has (a scalar an algorithm logs from some round on, say), not
+            # only the first row's, which is all from_pylist would keep
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+            with replaced_atomically(self.run_dir / name) as tmp:
+                pq.write_table(pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows]), tmp)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        with replaced_atomically(self.run_dir / "summary.json") as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+class TensorBoardWriter(BaseCallback):
+    """TensorBoard: the partition picture (``data/partition``) at the start; ``accuracy/*`` scalars
+    and per-client accuracy histograms at evaluated rounds (with ``eval.analyses``, ``analysis/*``
+    and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every
+    round."""
+
+    def __init__(self, purge_step: int | None = None) -> None:
+        self.writer: Any = None
+        self.purge_step = purge_step
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        from raysim.results.tensorboard import EventWriter
+
+        self.writer = EventWriter(run_dir / "tb")
+        if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes
+            self.writer.purge_from(self.purge_step)
+        self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
+        picture = run_dir / "partition.png"  # raysim.results.partition_view, drawn as the data loaded
+        if picture.is_file():
+            from raysim.results.partition_view import read_picture
+
+            self.writer.add_image("data/partition", read_picture(picture), 0)
+
+    def on_round(self, stats: RoundStats, round_time: float) -> None:
+        w, r = self.writer, stats.rnd
+        w.add_scalar("train/loss", stats.train_loss, r)
+        w.add_scalar("train/clients", stats.clients, r)
+        w.add_scalar("time/round_s", round_time, r)
+        w.add_scalar("comm/bytes_down", stats.bytes_down, r)
+        w.add_scalar("comm/bytes_up", stats.bytes_up, r)
+        w.add_scalar("compute/samples_trained", stats.samples_trained, r)
+        w.add_scalar("compute/client_epochs", stats.client_epochs, r)
+        for name, value in stats.scalars:
+            w.add_scalar(f"algo/{name}", value, r)
+        for name, text in stats.texts:
+            w.add_text(f"algo/{name}", text, r)
+        for name, image in stats.images:
+            w.add_image(f"algo/{name}", image, r)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        from raysim.results.analysis import ANALYSIS_COLUMNS
+
+        for key, value in row.items():
+            if value is None:
+                continue
+            if key == "gm_class_acc":  # eval.analyses: one curve per class
+                for c, acc in enumerate(value):
+                    if acc is not None:
+                        self.writer.add_scalar(f"classes/gm_acc/{c}", acc, rnd)
+            elif key in ANALYSIS_COLUMNS:
+                self.writer.add_scalar(f"analysis/{key}", value, rnd)
+            elif key.startswith(("gm_", "lm_")):
+                self.writer.add_scalar(f"accuracy/{key}", value, rnd)
+        for m in ("gm_ptest", "lm_ptest"):
+            values = [c[m] for c in clients if c[m] is not None]
+            if values:
+                self.writer.add_histogram(f"clients/{m}", np.array(values), rnd)
+        self.writer.add_scalar("time/eval_s", row["eval_time_s"], rnd)
+        self.writer.flush()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.writer.close()
+
+
+class ProgressBar:
+    """A tqdm bar over rounds with the latest loss and accuracies."""
+
+    def __init__(self, done: int = 0) -> None:
+        self.bar: Any = None
+        self.done = done  # rounds done before this run (a resumed run's)
+        self.post: dict[str, str] = {}
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=cfg.rounds,
+            initial=self.done,
+            desc="rounds",
+            unit="round",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+
+    def on_round(self, stats: Any, round_time: float) -> None:
+        self.post["loss"] = f"{stats.train_loss:.3f}"
+        self.bar.set_postfix(self.post, refresh=False)
+        self.bar.update(1)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
+            if row.get(m) is not None:
+                self.post[m] = f"{row[m]:.4f}"
+        self.bar.set_postfix(self.post)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.bar.close()

@@ -1,0 +1,439 @@
+"""Compare finished (or stopped) runs: accuracy plots and a markdown table.
+
+Reads what :mod:`raysim.results.output` leaves in a run directory (``config.yaml`` and ``metrics.parquet``;
+``summary.json`` is not needed, so a run stopped early can be reported too) and writes, into an output
+directory, one PNG per accuracy metric (``accuracy_<metric>.png``, accuracy in % against round, a line
+per run), ``train_loss.png`` and ``report.md``: a table with each run's setting and, per metric, the
+best value (with its round) and the final one, followed by links to the plots.
+
+"Final" is the value at the last evaluated round, "best" the highest value with the earliest round
+reaching it and "last k" the mean over the last k evaluations (the run's ``eval.last_k``), as in
+``summary.json``. Bad input (a path that is not a run directory, wrong labels, a
+malformed metric name) raises :class:`~raysim.errors.ConfigError` with one sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS: tuple[str, ...] = ("gm_gtest", "gm_ptest", "lm_ptest")
+MISSING = "–"  # an en dash: a value the run does not have
+FIGSIZE = (7.0, 4.5)  # inches
+DPI = 120  # so a plot is 840 x 540 pixels
+REPORT_NAME = "report.md"
+_METRIC_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+@dataclass
+class Run:
+    """One run directory: its label in plots and tables, its resolved config and its metrics rows."""
+
+    path: Path
+    label: str
+    config: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # one per evaluated round, by round
+
+    def series(self, column: str) -> tuple[list[int], list[float]]:
+        """The rounds and values where ``column`` has a value (null and NaN left out)."""
+        rounds: list[int] = []
+        values: list[float] = []
+        for row in self.rows:
+            v = row.get(column)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                continue
+            rounds.append(int(row["round"]))
+            values.append(float(v))
+        return rounds, values
+
+    def has(self, column: str) -> bool:
+        """Whether ``column`` has a value in any row."""
+        return bool(self.series(column)[0])
+
+    @property
+    def last_round(self) -> int | None:
+        """The last evaluated round, or None for a run with no rows yet."""
+        return int(self.rows[-1]["round"]) if self.rows else None
+
+    def best(self, metric: str) -> tuple[float, int] | None:
+        """The highest value of ``metric`` and the earliest round reaching it; None without values."""
+        rounds, values = self.series(metric)
+        if not values:
+            return None
+        value, neg_round = max(zip(values, (-r for r in rounds), strict=True))
+        return value, -neg_round
+
+    @property
+    def last_k(self) -> int:
+        """How many evaluations the run's last-k mean takes (its ``eval.last_k``; 5 by default)."""
+        ev = self.config.get("eval")
+        return int(ev.get("last_k", 5)) if isinstance(ev, dict) else 5
+
+    def last(self, metric: str) -> float | None:
+        """The mean of ``metric`` over its last :attr:`last_k` evaluations."""
+        from raysim.results.metrics import MetricHistory
+
+        return MetricHistory(self.rows).last(self.last_k, (metric,))[metric]
+
+    def final(self, metric: str) -> float | None:
+        """The value of ``metric`` at the last evaluated round (None where it is null there)."""
+        if not self.rows:
+            return None
+        v = self.rows[-1].get(metric)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return float(v)
+
+
+def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
+    """Read ``config.yaml`` and ``metrics.parquet`` from a run directory.
+
+    ``label`` defaults to the directory's name. A missing ``config.yaml`` leaves the config empty (its
+    columns show as missing); a missing or unreadable ``metrics.parquet`` raises ConfigError.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p} does not exist.")
+    metrics_path = p / "metrics.parquet"
+    if not p.is_dir() or not metrics_path.is_file():
+        raise ConfigError(f"{p} is not a raysim run directory (it has no metrics.parquet).")
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(metrics_path).to_pylist()
+    except Exception as e:  # a truncated or foreign file is the user's input, not a bug here
+        raise ConfigError(f"{metrics_path} cannot be read as Parquet ({e}).") from e
+    if rows and "round" not in rows[0]:
+        raise ConfigError(f"{metrics_path} has no 'round' column; it is not a raysim metrics table.")
+    rows.sort(key=lambda r: r["round"])
+    config: dict[str, Any] = {}
+    config_path = p / "config.yaml"
+    if config_path.is_file():
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(config_path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{config_path} is not valid YAML ({e}).") from e
+        if isinstance(loaded, dict):
+            config = loaded
+    else:
+        log.warning("%s has no config.yaml; its setting columns stay empty", p)
+    if not (p / "summary.json").is_file():
+        log.debug("%s has no summary.json (stopped early?); reporting the rounds it evaluated", p)
+    return Run(path=p, label=label if label is not None else p.name, config=config, rows=rows)
+
+
+def default_labels(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Each directory's name; where names clash, as many trailing path parts as tell them apart."""
+    parts = [Path(os.path.abspath(p)).parts for p in paths]
+    depth = [1] * len(parts)
+    while True:
+        labels = ["/".join(ps[-d:]) for ps, d in zip(parts, depth, strict=True)]
+        counts = Counter(labels)
+        grow = [i for i, lab in enumerate(labels) if counts[lab] > 1 and depth[i] < len(parts[i])]
+        if not grow:
+            break
+        for i in grow:
+            depth[i] += 1
+    # the same directory given twice: number the repeats
+    seen: Counter[str] = Counter()
+    out = []
+    for lab in labels:
+        seen[lab] += 1
+        out.append(lab if seen[lab] == 1 else f"{lab} ({seen[lab]})")
+    return out
+
+
+def load_runs(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None) -> list[Run]:
+    """:func:`load_run` for each path, with ``labels`` or :func:`default_labels`."""
+    if not paths:
+        raise ConfigError("Give at least one run directory.")
+    if labels is None:
+        labels = default_labels(paths)
+    elif len(labels) != len(paths):
+        dirs = "run directory" if len(paths) == 1 else "run directories"
+        raise ConfigError(f"{len(labels)} labels were given for {len(paths)} {dirs}; give one per run.")
+    return [load_run(p, lab) for p, lab in zip(paths, labels, strict=True)]
+
+
+def check_metric_names(metrics: Sequence[str]) -> None:
+    """Raise ConfigError unless every name looks like a metrics column (letters, digits, _)."""
+    for m in metrics:
+        if not _METRIC_NAME.fullmatch(m):
+            raise ConfigError(f"{m!r} is not a metric name (letters, digits and _ only).")
+
+
+def available_metrics(runs: Sequence[Run], metrics: Sequence[str] = DEFAULT_METRICS) -> list[str]:
+    """The metrics, in order and without repeats, that at least one run has values for."""
+    return [m for m in dict.fromkeys(metrics) if any(r.has(m) for r in runs)]
+
+
+def _md(text: Any) -> str:
+    """A table cell: missing values as a dash, pipes escaped."""
+    if text is None or text == "":
+        return MISSING
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _pct(value: float | None) -> str:
+    return MISSING if value is None else f"{100 * value:.2f}"
+
+
+def comparison_table(runs: Sequence[Run], metrics: Sequence[str]) -> str:
+    """A markdown table, one row per run: label, algo, dataset, partition, clients, rounds run and,
+    per metric, ``best (rBEST_ROUND)``, final and last-k mean accuracy in % with 2 decimals ("–"
+    where missing).
+
+    "rounds" is the last evaluated round, with "(of N)" where the config asked for N other rounds.
+    """
+    header = ["run", "algo", "dataset", "partition", "clients", "rounds"]
+    for m in metrics:
+        header += [f"{m} best (round)", f"{m} final", f"{m} last k"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        cfg = run.config
+        data = cfg.get("data")
+        if not isinstance(data, dict):
+            data = {}
+        rounds = MISSING if run.last_round is None else str(run.last_round)
+        planned = cfg.get("rounds")
+        if planned is not None and run.last_round != planned:
+            rounds += f" (of {planned})"
+        cells = [
+            _md(run.label),
+            _md(cfg.get("algo")),
+            _md(data.get("dataset")),
+            _md(data.get("partition")),
+            _md(cfg.get("clients")),
+            rounds,
+        ]
+        for m in metrics:
+            best = run.best(m)
+            cells.append(MISSING if best is None else f"{_pct(best[0])} (r{best[1]})")
+            cells.append(_pct(run.final(m)))
+            cells.append(_pct(run.last(m)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(runs: Sequence[Run], column: str, path: Path, title: str, ylabel: str, scale: float) -> None:
+    # The object-oriented API on an Agg canvas: no pyplot, so no global backend or figure state is
+    # touched (safe on a headless machine and when called from a notebook).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for run in runs:
+        rounds, values = run.series(column)
+        if rounds:
+            ax.plot(rounds, [scale * v for v in values], marker="o", markersize=3, label=run.label)
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.4)
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+
+
+def plot_metric(runs: Sequence[Run], metric: str, path: str | os.PathLike[str]) -> None:
+    """A PNG of ``metric`` (a fraction, drawn in %) against round, a labelled line per run that has it."""
+    _plot(runs, metric, Path(path), title=metric, ylabel="accuracy (%)", scale=100.0)
+
+
+def plot_loss(runs: Sequence[Run], path: str | os.PathLike[str]) -> None:
+    """A PNG of the mean training loss against round, a labelled line per run."""
+    _plot(runs, "train_loss", Path(path), title="train_loss", ylabel="training loss", scale=1.0)
+
+
+def write_report(
+    runs: Sequence[Run], out_dir: str | os.PathLike[str], metrics: Sequence[str] = DEFAULT_METRICS
+) -> list[Path]:
+    """Write ``accuracy_<metric>.png`` for each metric some run has, ``train_loss.png`` (if any run has
+    a loss) and ``report.md`` into ``out_dir`` (created if missing). Returns the paths written,
+    ``report.md`` first."""
+    check_metric_names(metrics)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    present = available_metrics(runs, metrics)
+    for m in dict.fromkeys(metrics):
+        if m not in present:
+            log.info("no run has values for %s; no plot or column for it", m)
+    pngs: list[Path] = []
+    for m in present:
+        png = out / f"accuracy_{m}.png"
+        plot_metric(runs, m, png)
+        pngs.append(png)
+    if any(r.has("train_loss") for r in runs):
+        png = out / "train_loss.png"
+        plot_loss(runs, png)
+        pngs.append(png)
+    links = " ".join(f"![{p.stem}]({Path(os.path.relpath(p, out)).as_posix()})" for p in pngs)
+    # each run's data picture (raysim.results.partition_view), as the run drew it at its start
+    pictures = [(r.label, r.path / "partition.png") for r in runs if (r.path / "partition.png").is_file()]
+    partitions = "".join(
+        f"\n{_md(label)}:\n\n![partition]({Path(os.path.relpath(png, out)).as_posix()})\n" for label, png in pictures
+    )
+    text = (
+        "# raysim run comparison\n\n"
+        "Accuracies in %: the best value (with the round it was reached), the value at the last "
+        "evaluated round, and the mean over the last k evaluations (the run's eval.last_k).\n\n"
+        + comparison_table(runs, present)
+        + ("\n" + links + "\n" if links else "")
+        + ("\n## Partitions\n\nEach client's training-label counts (a column per client, a row per class).\n" + partitions if pictures else "")
+    )
+    report = out / REPORT_NAME
+    report.write_text(text)
+    log.info("wrote %s and %d plots", report, len(pngs))
+    return [report, *pngs]
+
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "suite_table",
+    "write_suite_report",
+    "MISSING",
+    "Run",
+    "available_metrics",
+    "check_metric_names",
+    "comparison_table",
+    "default_labels",
+    "load_run",
+    "load_runs",
+    "plot_loss",
+    "plot_metric",
+    "write_report",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# suites (raysim.suite)
+
+
+def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
+    """A markdown table, one row per configuration: its seeds and, per metric, the mean ± std over
+    seeds of the final value and of the last-k mean, and the mean best; the paper's figure beside."""
+    present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
+    header = ["configuration", "seeds"]
+    for m in present:
+        header += [f"{m} final", f"{m} last k", f"{m} best"]
+    by_name = {c["config"]: c for c in summary["configs"]}
+    paired = any(c.get("equal_compute") for c in summary["configs"])
+    if paired:
+        header += ["at equal compute", "its gm_gtest final", "its gm_gtest last k"]
+    header.append("paper")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in summary["configs"]:
+        cells = [_md(c["config"]), str(len(c["seeds"]))]
+        for m in present:
+            cells += [
+                _pm(c["mean"].get(m), c["std"].get(m)),
+                _pm(c["last_mean"].get(m), c["last_std"].get(m)),
+                _pct(c["best_mean"].get(m)),
+            ]
+        if paired:  # the baseline trained as many client-epochs (one per distinct compute)
+            pairs = [by_name[p] for p in c.get("equal_compute", []) if p in by_name]
+            cells += [
+                _md(", ".join(p["config"] for p in pairs)),
+                _md(", ".join(_pm(p["mean"].get("gm_gtest"), p["std"].get("gm_gtest")) for p in pairs)),
+                _md(", ".join(_pm(p["last_mean"].get("gm_gtest"), p["last_std"].get("gm_gtest")) for p in pairs)),
+            ]
+        cells.append(_md(c.get("paper")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return MISSING
+    return f"{100 * mean:.2f} ± {100 * (std or 0.0):.2f}"
+
+
+def _band_plot(rows: Sequence[dict[str, Any]], metric: str, path: Path) -> bool:
+    """Each configuration's ``metric`` against round: the mean over its seeds, with a band of one
+    std. False (and no file) when no configuration has the metric."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_config: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        v = r.get(metric)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append(float(v))
+    if not by_config:
+        return False
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for config, by_round in by_config.items():
+        rounds = sorted(by_round)
+        means = [100 * sum(by_round[r]) / len(by_round[r]) for r in rounds]
+        stds = [
+            100 * math.sqrt(sum((v - m / 100) ** 2 for v in by_round[r]) / len(by_round[r]))
+            for r, m in zip(rounds, means, strict=True)
+        ]
+        (line,) = ax.plot(rounds, means, marker="o", markersize=3, label=config)
+        ax.fill_between(
+            rounds,
+            [m - s for m, s in zip(means, stds, strict=True)],
+            [m + s for m, s in zip(means, stds, strict=True)],
+            color=line.get_color(),
+            alpha=0.2,
+        )
+    ax.set_title(f"{metric} (mean ± std over seeds)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.4)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return True
+
+
+def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """``report.md`` (the suite's table) and ``accuracy_<metric>.png`` (curves banded over seeds)
+    from a suite directory's ``summary.json`` and ``metrics.parquet``, into ``out_dir`` (default
+    the suite directory). Returns the paths written, ``report.md`` first."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    src = Path(suite_dir)
+    summary_path, metrics_path = src / "summary.json", src / "metrics.parquet"
+    if not summary_path.is_file() or not metrics_path.is_file():
+        raise ConfigError(f"{src} is not a finished suite directory (it has no summary.json and metrics.parquet).")
+    summary = json.loads(summary_path.read_text())
+    rows = pq.read_table(metrics_path).to_pylist()
+    out = Path(out_dir) if out_dir is not None else src
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if _band_plot(rows, m, out / f"accuracy_{m}.png")]
+    links = " ".join(f"![{p.stem}]({p.name})" for p in pngs)
+    text = (
+        f"# Suite {summary['suite']}\n\n"
+        "Accuracies in %, mean ± std over seeds: the value at the last round (final), the mean over "
+        "the last k evaluations (last k), and the mean of each seed's best.\n\n"
+        + suite_table(summary)
+        + ("\n" + links + "\n" if links else "")
+    )
+    report = out / REPORT_NAME
+    report.write_text(text)
+    return [report, *pngs]
