@@ -12,12 +12,12 @@ client side (run inside a client worker)
     ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
     ``personal_forward(model, eval_payload)``, ``batch_update(ctxs, payloads)``
 
-Everything optional is a frozen capability object declared on the class, with its own module:
-``batching`` (:mod:`raysim.capabilities.batching`), ``finetune`` (:mod:`raysim.capabilities.finetune`),
-``regularizers`` (:mod:`raysim.capabilities.regularizers`), ``extra_rounds`` (:mod:`raysim.capabilities.extra_rounds`),
-``round_log`` (:mod:`raysim.capabilities.round_log`) and ``validation`` (:mod:`raysim.capabilities.validation`). The hooks
-only a capability calls are documented in its module; an algorithm that does not use a feature says
-nothing about it. A new capability is a new module and a class attribute here.
+Everything optional is a frozen capability object declared on the class under a name of its own
+choosing, each with its own module in :mod:`raysim.capabilities`: ``Batching``, ``FineTune``,
+``Regularizable``, ``ExtraRounds``, ``RoundLog``, ``Validation``. The engine finds one by its type
+(``FineTune.of(algorithm)``); the hooks only a capability calls are documented in its module; an
+algorithm that does not use a feature says nothing about it, and this class declares none, so a
+new capability is a new module and the engine's call that asks it.
 
 The runner owns the only loop over rounds and clients; an algorithm never writes one. What travels
 (``Job``, ``ClientResult``, ``WeightsPayload``, ...) is in :mod:`raysim.wire`; what a client keeps is
@@ -34,12 +34,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from raysim.capabilities.batching import NO_BATCHING, Batching
-from raysim.capabilities.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
 from raysim.capabilities.finetune import FineTune
-from raysim.capabilities.regularizers import Regularizable
-from raysim.capabilities.round_log import RoundLog
-from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
@@ -61,22 +56,6 @@ class Algorithm(Generic[StateT]):
     has_personal_model: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
-    #: "-FT" personalisation, a capability (:class:`raysim.capabilities.finetune.FineTune`): after the last
-    #: round each client fine-tunes the final global model on its own data
-    finetune: ClassVar[FineTune | None] = None
-    #: FedDr+'s Table 1 regularisers, a capability (:class:`raysim.capabilities.regularizers.Regularizable`)
-    regularizers: ClassVar[Regularizable | None] = None
-    #: ``train.batch_clients`` > 1: several clients of a job group trained as one computation
-    #: (:meth:`batch_update`, :mod:`raysim.toolkit.batched`), or the sentence that says why not
-    batching: ClassVar[Batching] = NO_BATCHING
-    #: passes over every client before round 1 or after the last, a capability
-    #: (:class:`raysim.capabilities.extra_rounds.ExtraRounds`): FedFCD's and PACFL's round 0, SphereFed's calibration
-    extra_rounds: ClassVar[ExtraRounds] = NO_EXTRA_ROUNDS
-    #: scalars, texts and pictures logged each round, a capability (:class:`raysim.capabilities.round_log.RoundLog`)
-    round_log: ClassVar[RoundLog | None] = None
-    #: the global model's validation accuracy read during the run, a capability
-    #: (:class:`raysim.capabilities.validation.Validation`): Fed3+2p's automatic phase switch
-    validation: ClassVar[Validation | None] = None
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg
@@ -114,7 +93,8 @@ class Algorithm(Generic[StateT]):
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
         """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
         own, or its fine-tuned global model."""
-        return cls.has_personal_model or (cls.finetune is not None and cls.finetune.on(cfg))
+        finetune = FineTune.of(cls)
+        return cls.has_personal_model or (finetune is not None and finetune.on(cfg))
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
@@ -167,7 +147,8 @@ class Algorithm(Generic[StateT]):
     def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
         """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
         By default: the fine-tuned global model of an algorithm with ``finetune``, else none."""
-        return self.finetune.personal_model(self, ctx, eval_payload) if self.finetune is not None else None
+        finetune = FineTune.of(self)
+        return finetune.personal_model(self, ctx, eval_payload) if finetune is not None else None
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The forward function (inputs to class scores) a personal model predicts with (default:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raysim.capabilities.declared import Capability
 from raysim.wire import ClientResult, Job
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Batching:
+class Batching(Capability):
     """An algorithm's capability for ``train.batch_clients``, declared on its class
     (``batching = Batching(pinned=True)``), or why it has none (``Batching(why_not="...")``, one
     sentence). With it, the algorithm's ``batch_update`` trains a unit's clients together, and
@@ -39,6 +40,11 @@ class Batching:
     @property
     def possible(self) -> bool:
         return not self.why_not
+
+    @classmethod
+    def of(cls, algorithm: Any) -> Batching:
+        """The algorithm's declared ``Batching``, else :data:`NO_BATCHING`."""
+        return super().of(algorithm) or NO_BATCHING
 
 
 #: what an algorithm that says nothing has
@@ -96,8 +102,11 @@ def train_received(
     first = ctxs[0]
     first.load(payload.weights)
     loss = objective(first, payload)
-    if algo.regularizers is not None:
-        loss = algo.regularizers.wrap(algo.cfg, first, payload.weights, parts, loss)
+    from raysim.capabilities.regularizers import Regularizable
+
+    regularizers = Regularizable.of(algo)
+    if regularizers is not None:
+        loss = regularizers.wrap(algo.cfg, first, payload.weights, parts, loss)
     trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
     return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 

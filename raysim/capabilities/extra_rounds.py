@@ -15,14 +15,22 @@ without the capability has neither pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from raysim.capabilities.declared import Capability
 
 
 @dataclass(frozen=True)
-class ExtraRounds:
+class ExtraRounds(Capability):
     """``extra_rounds = ExtraRounds(prologue=True)`` (or ``epilogue=True``) on an algorithm's class."""
 
     prologue: bool = False
     epilogue: bool = False
+
+    @classmethod
+    def of(cls, algorithm: Any) -> ExtraRounds:
+        """The algorithm's declared ``ExtraRounds``, else :data:`NO_EXTRA_ROUNDS` (neither pass)."""
+        return super().of(algorithm) or NO_EXTRA_ROUNDS
 
     def first_round(self) -> int:
         """The first round a fresh run takes: 0 (the prologue) or 1."""

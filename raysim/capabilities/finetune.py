@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raysim.capabilities.declared import Capability
 from raysim.capabilities.settings import engine_settings
 from raysim.config import ExperimentConfig
 from raysim.weights import GLOBAL_PARTS, ModelWeights
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class FineTune:
+class FineTune(Capability):
     """``finetune = FineTune(parts=BODY, default_epochs=None)`` on an algorithm's class:
     ``parts`` train when fine-tuning; ``default_epochs`` is ``ft_epochs`` when not given (None: the
     local epochs E; 0: no fine-tuning unless asked for)."""

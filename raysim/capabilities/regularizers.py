@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from raysim.capabilities.declared import Capability
 from raysim.capabilities.settings import engine_settings
 from raysim.config import ExperimentConfig
 from raysim.weights import ModelWeights
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Regularizable:
+class Regularizable(Capability):
     """``regularizers = Regularizable()`` on an algorithm's class."""
 
     @staticmethod

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from raysim.capabilities.declared import Capability
+
 Pairs = tuple[tuple[str, Any], ...]
 
 
 @dataclass(frozen=True)
-class RoundLog:
+class RoundLog(Capability):
     """``round_log = RoundLog()`` on an algorithm's class."""
 
     #: the hooks an algorithm with the capability may define

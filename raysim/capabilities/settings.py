@@ -41,11 +41,4 @@ def engine_settings(algo_params: Any) -> EngineParams:
     return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
 
 
-def engine_params(cls: type) -> tuple[str, ...]:
-    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
-    return (FT_PARAMS if getattr(cls, "finetune", None) is not None else ()) + (
-        REG_PARAMS if getattr(cls, "regularizers", None) is not None else ()
-    )
-
-
-__all__ = ["FT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_params", "engine_settings"]
+__all__ = ["FT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_settings"]

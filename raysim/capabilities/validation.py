@@ -19,9 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from raysim.capabilities.declared import Capability
+
 
 @dataclass(frozen=True)
-class Validation:
+class Validation(Capability):
     """``validation = Validation()`` on an algorithm's class."""
 
     #: the hooks an algorithm with the capability defines

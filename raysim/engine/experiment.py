@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raysim.capabilities.settings import engine_params, engine_settings
+from raysim.capabilities.batching import Batching
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
+from raysim.capabilities.settings import FT_PARAMS, REG_PARAMS, engine_settings
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.errors import ConfigError
@@ -52,6 +55,13 @@ def algorithm_class(name: str) -> type[AlgorithmHooks]:
     if not (isinstance(obj, type) and all(callable(getattr(obj, h, None)) for h in hooks)):
         raise ConfigError(f"{name!r} is not an algorithm class (an algorithms.base.Algorithm subclass).")
     return obj
+
+
+def engine_params(cls: type) -> tuple[str, ...]:
+    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
+    return (FT_PARAMS if FineTune.of(cls) is not None else ()) + (
+        REG_PARAMS if Regularizable.of(cls) is not None else ()
+    )
 
 
 #: parameter names that cannot be Config fields (Python keywords), and the field each one sets
@@ -142,8 +152,9 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
     if cfg.train.batch_clients > 1:
-        if not cls.batching.possible:
-            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {cls.batching.why_not}")
+        batching = Batching.of(cls)
+        if not batching.possible:
+            raise ConfigError(f"{cfg.algo} cannot train clients batched (train.batch_clients): {batching.why_not}")
         if not MODELS.get(cfg.model).batchable:
             raise ConfigError(
                 f"The model {cfg.model} cannot train clients batched (train.batch_clients): it has BatchNorm "
@@ -192,6 +203,7 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
 
 __all__ = [
     "Experiment",
+    "engine_params",
     "algorithm_class",
     "algorithm_params",
     "dataset_info",

@@ -15,10 +15,10 @@ both (a static method)
     ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
     features), applied wherever the run builds its model
 
-Optional features are capability objects on the class (``batching``, ``finetune``,
-``regularizers``, ``extra_rounds``, ``round_log``, ``validation``), each with its own module; the
-engine asks the capability, and the hooks only a capability calls (``round_scalars``,
-``observe_validation``, ``ft_weights``, ...) are documented there, not here.
+Optional features are capability objects declared on the class (:mod:`raysim.capabilities`), each
+with its own module; the engine finds one by its type (``FineTune.of(algorithm)``), and the hooks
+only a capability calls (``round_scalars``, ``observe_validation``, ``ft_weights``, ...) are
+documented there, not here.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from raysim.capabilities.batching import Batching
-from raysim.capabilities.extra_rounds import ExtraRounds
-from raysim.capabilities.round_log import RoundLog
-from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig
 from raysim.registry import DatasetInfo
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -44,12 +40,6 @@ class AlgorithmHooks(Protocol):
     Config: ClassVar[type]
     has_global_model: ClassVar[bool]
     has_personal_model: ClassVar[bool]
-    finetune: ClassVar[Any]  # raysim.capabilities.finetune.FineTune, or None
-    regularizers: ClassVar[Any]  # raysim.capabilities.regularizers.Regularizable, or None
-    batching: ClassVar[Batching]
-    extra_rounds: ClassVar[ExtraRounds]
-    round_log: ClassVar[RoundLog | None]
-    validation: ClassVar[Validation | None]
     aliases: ClassVar[dict[str, str]]
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...

@@ -23,6 +23,7 @@ from typing import Any
 
 from raysim import checkpoint as checkpoint_mod
 from raysim import rng
+from raysim.capabilities.extra_rounds import ExtraRounds
 from raysim.checkpoint import Checkpoint
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import FederatedData, build_federated_data
@@ -227,7 +228,7 @@ def run_experiment(
             log.info("resumed after round %d of %d", resume.round, cfg.rounds)
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
-        extra = exp.algorithm.extra_rounds
+        extra = ExtraRounds.of(exp.algorithm)
         first = last_round + 1 if resume else extra.first_round()
         startup = time.time() - origin
         with StopRequest() as stop:

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
@@ -45,7 +47,7 @@ class ServerHost:
     def aggregate(self, rnd: int, results: Sequence[JobResult]) -> RoundStats:
         self.state = self.algo.aggregate(self.state, rnd, results)
         flat = [r for jr in results for r in jr.results]
-        log, val = self.algo.round_log, self.algo.validation
+        log, val = RoundLog.of(self.algo), Validation.of(self.algo)
         n = sum(r.num_samples for r in flat)
         loss = sum(r.train_loss * r.num_samples for r in flat) / max(n, 1)
         return RoundStats(
@@ -67,8 +69,9 @@ class ServerHost:
     def observe_validation(self, rnd: int, accuracy: float) -> None:
         """The global model's validation accuracy after round ``rnd``, for an algorithm with the
         ``validation`` capability (asked for in that round's ``RoundStats.validate``)."""
-        assert self.algo.validation is not None
-        self.state = self.algo.validation.observe(self.algo, self.state, rnd, accuracy)
+        validation = Validation.of(self.algo)
+        assert validation is not None
+        self.state = validation.observe(self.algo, self.state, rnd, accuracy)
 
     def eval_payload(self) -> Any:
         return self.algo.eval_payload(self.state)

@@ -1,39 +1,83 @@
-"""The capabilities are declared, not implied: a registered algorithm defines a capability's own
-hooks exactly when it declares the capability, and the base class defines none of them."""
+"""The capabilities are declared, not implied: the engine finds one by its type among the class's
+attributes; the base class declares none; a registered algorithm defines a capability's own hooks
+exactly when it declares the capability."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
 import algorithms  # noqa: F401  (registers every algorithm)
 from algorithms.base import Algorithm
+from raysim.capabilities.batching import NO_BATCHING, Batching
+from raysim.capabilities.declared import Capability
+from raysim.capabilities.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
 from raysim.registry import ALGORITHMS
 
-CAPABILITIES = {"round_log": RoundLog.HOOKS, "validation": Validation.HOOKS}
+KINDS = (Batching, ExtraRounds, FineTune, Regularizable, RoundLog, Validation)
+HOOKS: dict[type[Capability], tuple[str, ...]] = {RoundLog: RoundLog.HOOKS, Validation: Validation.HOOKS}
 
 
-@pytest.mark.parametrize("capability", sorted(CAPABILITIES))
-def test_a_class_defines_a_capabilitys_hooks_exactly_when_it_declares_it(capability: str) -> None:
-    hooks = CAPABILITIES[capability]
+def test_the_base_declares_no_capability() -> None:
+    assert not [v for v in vars(Algorithm).values() if isinstance(v, Capability)]
+    assert Batching.of(Algorithm) is NO_BATCHING and ExtraRounds.of(Algorithm) is NO_EXTRA_ROUNDS
+    assert all(kind.of(Algorithm) is None for kind in (FineTune, Regularizable, RoundLog, Validation))
+
+
+def test_a_capability_is_found_by_its_type_under_any_name_and_inherited() -> None:
+    @dataclass(frozen=True)
+    class Probe(Capability):
+        level: int = 0
+
+    class A(Algorithm[None]):
+        my_own_name = Probe(1)
+
+    class B(A):
+        pass
+
+    class C(A):
+        other = Probe(2)
+
+    assert Probe.of(A) == Probe(1) and Probe.of(B) == Probe(1)
+    class D(A):
+        my_own_name = None  # taken back
+
+    assert Probe.of(C) == Probe(2)  # the nearest declaration wins
+    assert Probe.of(D) is None
+    assert Probe.of(Algorithm) is None
+
+
+@pytest.mark.parametrize("kind", sorted(HOOKS, key=lambda k: k.__name__), ids=lambda k: k.__name__)
+def test_a_class_defines_a_capabilitys_hooks_exactly_when_it_declares_it(kind: type[Capability]) -> None:
+    hooks = HOOKS[kind]
     assert not any(hasattr(Algorithm, h) for h in hooks), "the base must not define them"
     declared, defines = set(), set()
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
-        if getattr(cls, capability) is not None:
+        if kind.of(cls) is not None:
             declared.add(name)
         if any(hasattr(cls, h) for h in hooks):
             defines.add(name)
-        if capability == "validation" and name in declared:
+        if kind is Validation and name in declared:
             assert all(hasattr(cls, h) for h in hooks), f"{name} declares validation but lacks a hook"
     assert declared == defines
-    assert declared  # some algorithm uses it (fed3p2 for both)
     assert "fed3p2" in declared
 
 
-def test_extra_rounds_are_declared_by_the_algorithms_that_have_them() -> None:
-    prologue = {n for n in ALGORITHMS.names() if ALGORITHMS.get(n).extra_rounds.prologue}
-    epilogue = {n for n in ALGORITHMS.names() if ALGORITHMS.get(n).extra_rounds.epilogue}
+def test_each_algorithm_declares_what_it_uses() -> None:
+    def having(kind: type[Capability]) -> set[str]:
+        return {n for n in ALGORITHMS.names() if kind.of(ALGORITHMS.get(n)) is not None}
+
+    prologue = {n for n in ALGORITHMS.names() if ExtraRounds.of(ALGORITHMS.get(n)).prologue}
+    epilogue = {n for n in ALGORITHMS.names() if ExtraRounds.of(ALGORITHMS.get(n)).epilogue}
     assert {"fedfcd", "pacfl", "fedclust"} <= prologue
     assert "spherefed" in epilogue and "fedavg" not in prologue | epilogue
+    assert {"fedbabu", "feddrplus"} <= having(FineTune) and "fed3p2" not in having(FineTune)
+    assert {"fedavg", "fedprox"} <= having(Regularizable) and "fedpac" not in having(Regularizable)
+    assert Batching.of(ALGORITHMS.get("fed3p2")).pinned and Batching.of(ALGORITHMS.get("fedavg")).possible
+    assert all(kind.of(ALGORITHMS.get("ditto")) is None for kind in (FineTune, RoundLog, Validation))

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 
+from raysim.capabilities.finetune import FineTune
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.experiment import validate
 from raysim.engine.runner import prepare, run_experiment
@@ -72,11 +73,11 @@ def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, he
     algo_obj = ex.runtime.algo
     assert algo_obj.personal_model(ClientContext(ex.runtime, 3, 1), payload) is None  # not the last round
     model = algo_obj.personal_model(ClientContext(ex.runtime, 3, 2), payload)
-    gm = algo_obj.finetune.weights(algo_obj, payload)
+    gm = FineTune.weights(algo_obj, payload)
     tuned = get_weights(model, ("extractor", "head"))
     assert not np.array_equal(tuned.extractor, gm.extractor)
     assert np.array_equal(tuned.head, gm.head) != head_moves
-    assert algo_obj.finetune.weights(algo_obj, ex.server.eval_payload()).equals(gm)  # the global model is untouched
+    assert FineTune.weights(algo_obj, ex.server.eval_payload()).equals(gm)  # the global model is untouched
     for name, value in vars(ex.server.state).items():
         before = vars(state)[name]
         if hasattr(value, "equals"):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raysim.capabilities.batching import batch_units
+from raysim.capabilities.batching import Batching, batch_units
 from raysim.engine.experiment import validate
 from raysim.engine.runner import run_experiment
 from raysim.errors import ConfigError
@@ -179,11 +179,11 @@ def test_every_algorithm_is_batchable_or_says_why_not_in_a_sentence(tmp_path):
     from raysim.registry import ALGORITHMS
 
     ours = {name: cls for name, cls in ALGORITHMS.items() if cls.__module__.startswith("algorithms.")}
-    batchable = {name for name, cls in ours.items() if cls.batching.possible}
+    batchable = {name for name, cls in ours.items() if Batching.of(cls).possible}
     assert batchable == {BATCHED[c].get("algo", c) for c in BATCHED} | {"dotreg"}
     for name, cls in ours.items():  # (not a test's own algorithm, registered by test_api)
-        if not cls.batching.possible:
-            why = cls.batching.why_not
+        if not Batching.of(cls).possible:
+            why = Batching.of(cls).why_not
             assert why.endswith(".") and len(why.split(". ")) == 1, name
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from raysim.capabilities.batching import Batching
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.engine.executors import session
@@ -60,7 +61,7 @@ class RayExecutor:
         self.owns_ray = owns_ray
         algo_cls = exp.algorithm
         self.has_global = algo_cls.has_global_model
-        self.batch_pinned = algo_cls.batching.pinned
+        self.batch_pinned = Batching.of(algo_cls).pinned
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy

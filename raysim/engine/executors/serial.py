@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from raysim.capabilities.batching import batch_units
+from raysim.capabilities.batching import Batching, batch_units
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.engine.executors.base import DataLoader
@@ -48,7 +48,7 @@ class SerialExecutor:
     def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
         results: list[JobResult | None] = [None] * len(jobs)
-        for unit in batch_units(jobs, self.cfg.train.batch_clients, self.runtime.algo.batching.pinned):
+        for unit in batch_units(jobs, self.cfg.train.batch_clients, Batching.of(self.runtime.algo).pinned):
             if len(unit) > 1:  # jobs trained together (train.batch_clients)
                 chains = [jobs[j].clients for j in unit]
                 for j, res in zip(unit, self.runtime.run_batch(rnd, chains, jobs[unit[0]].payload), strict=True):
