@@ -188,6 +188,7 @@ def expand_grid(
 
 def _algorithm_has(algo: str, param: str) -> bool:
     from raysim.engine.experiment import KEYWORD_PARAMS, algorithm_class, engine_params
+
     cls = algorithm_class(algo)
     names = {f.name for f in dataclasses.fields(cls.Config)}
     if param in engine_params(cls):

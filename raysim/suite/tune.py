@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 REFUSED_FILE = "refused.txt"
 
 
-
-
 def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
     """The trial's placement group: a head bundle for its driver and server, one per worker."""
     worker = {"CPU": cfg.ray.cpus_per_worker, "GPU": cfg.ray.gpus_per_worker}

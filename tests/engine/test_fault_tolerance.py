@@ -110,7 +110,8 @@ def test_a_dead_server_ends_the_run_with_a_checkpoint_that_resumes(
 def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(tmp_path):
     """A two-node cluster loses the node of one client worker: no replacement finds a place, the
     run ends (exit 1) saying so, with a checkpoint of the last completed round, and the run resumes
-    on local Ray to the undisturbed metrics."""
+    on local Ray to the undisturbed metrics. (The server actor asks for no CPU, so Ray may have put
+    it on the lost node: the run then ends saying the server died, with the same checkpoint.)"""
     from ray.cluster_utils import Cluster
 
     args = [*CLI_ARGS, "--local-epochs", "5", "--rounds", "60", "--checkpoint-every", "0"]
@@ -129,7 +130,8 @@ def test_a_lost_node_ends_the_run_with_a_message_and_a_checkpoint_that_resumes(t
     finally:
         cluster.shutdown()
     assert run.returncode == 1, err[-2000:]
-    assert "no replacement found a place in the cluster" in err and "--resume" in err, err[-2000:]
+    said = ("no replacement found a place in the cluster", "The server actor died")
+    assert any(s in err for s in said) and "--resume" in err, err[-2000:]
     assert "Traceback" not in err
     stopped_at = checkpoint.load(tmp_path / "run").round
     assert 2 <= stopped_at < 60
