@@ -98,7 +98,8 @@ class FedFCD(Algorithm[FCDState]):
         """Sec. 4.1: 20 clients all taking part, 500 rounds, eta = 0.01 on clients and server,
         train and test pooled then split 75/25 per client, Pat (2 classes a client; Dir(0.1) the
         other setting); FMNIST: ``mlp_fcd``, lambda = 1; CIFAR-10 (and other colour images):
-        ``cnn_fcd``, lambda = 5, a tenth of the classes a client (2 of 10, 10 of CIFAR-100's 100)."""
+        ``cnn_fcd``, lambda = 5, a tenth of the classes a client (2 of 10, 10 of CIFAR-100's 100);
+        CIFAR-100 (100 classes or more): ``resnet18``, as Sec. 4.1 and Fig. 4 give it."""
         common = {
             "clients": 20,
             "participation": 1.0,
@@ -114,7 +115,8 @@ class FedFCD(Algorithm[FCDState]):
         }
         if dataset.channels == 3:
             part = f"pathological:{max(2, dataset.num_classes // 10)}"
-            return {**common, "model": "cnn_fcd", "algo.lambda": 5.0, "data.partition": part}
+            model = "resnet18" if dataset.num_classes >= 100 else "cnn_fcd"
+            return {**common, "model": model, "algo.lambda": 5.0, "data.partition": part}
         return {**common, "model": "mlp_fcd", "algo.lambda": 1.0}
 
     @classmethod

@@ -129,6 +129,10 @@ class EvalConfig:
     #: FedDr+'s analyses (raysim.results.analysis): per-class accuracy, observed/unobserved-class accuracy,
     #: feature-classifier alignment and feature norm, of the global and the local models
     analyses: bool = False
+    #: ``lm_ptest`` of an algorithm without personal models (FedAvg, FedProx, FedDyn, ...): each
+    #: client's model as its local update in an evaluated round left it, on its own P-Test, over the
+    #: clients trained in that round (Fed3+2p's Table 1 reads LM so for its global-only rows)
+    updated_lm: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ class RoundStats:
     validate: bool = False  # the algorithm asks for the global model's validation accuracy
     #: ``eval.analyses``: (client, its local model's ``local_*`` values) for the round's clients
     client_analyses: tuple[tuple[int, dict[str, float | None]], ...] = ()
+    #: ``eval.updated_lm``: (client, its updated local model's correct count on its P-Test)
+    updated_lm: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

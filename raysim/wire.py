@@ -54,6 +54,8 @@ class ClientResult:
     samples_trained: int = 0
     #: ``eval.analyses``: the local model's ``local_*`` values (raysim.results.analysis), at evaluated rounds
     analysis: dict[str, float | None] | None = None
+    #: ``eval.updated_lm``: the updated local model's correct predictions on the client's P-Test
+    lm_correct: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Compare raysim runs: ``raysim report runs/a runs/b --out /tmp/report`` (or ``python scripts/report.py``).
 
+``raysim report --publish SUITE_DIR docs/results/NAME`` writes a suite's published page instead
+(:mod:`raysim.results.publish`).
+
 Writes ``accuracy_<metric>.png`` (accuracy in % against round, a line per run), ``train_loss.png`` and
 ``report.md`` (a table of each run's setting and best/final accuracies, then links to the plots) into
 ``--out`` (default: the first run directory), and prints the path of report.md and the table. A path
@@ -46,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"accuracy columns to plot and tabulate (default: {','.join(DEFAULT_METRICS)})",
     )
     p.add_argument("--labels", metavar="A,B", help="a label per run (default: the directory names)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="SUITE_DIR OUT_DIR: write the suite's results page into OUT_DIR (e.g. docs/results/NAME) and "
+        "the index beside it",
+    )
+    p.add_argument("--commit", help="with --publish: the code's commit, when the suite did not record it")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -57,6 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
     try:
         args = build_parser().parse_args(argv)
+        if args.publish:
+            if len(args.runs) != 2:
+                raise ConfigError("--publish takes a suite directory and the page's directory: SUITE_DIR OUT_DIR.")
+            from raysim.results.publish import publish
+
+            written = publish(args.runs[0], args.runs[1], args.commit)
+            print(written[0])
+            return 0
         if len(args.runs) == 1 and (Path(args.runs[0]) / "suite.yaml").is_file():  # a suite: draw it again
             written = write_suite_report(args.runs[0], args.out)
             print(written[0])

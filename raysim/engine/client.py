@@ -85,8 +85,7 @@ class ClientRuntime(ClientWorkspace):
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
             res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
             res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
-            if self._analyses_due(rnd):
-                res = dataclasses.replace(res, analysis=self._local_analysis(cid))
+            res = self._after_update(rnd, res)
             results.append(res)
             prev = res
         return results
@@ -97,7 +96,6 @@ class ClientRuntime(ClientWorkspace):
         one batched step each starting from its chain's payload (``continue_chain``). Returns each
         chain's results, as :meth:`run_chain` would."""
         torch.set_num_threads(self.cfg.train_threads)
-        analyse = self._analyses_due(rnd)
         out: list[list[ClientResult]] = [[] for _ in chains]
         for pos in range(max((len(c) for c in chains), default=0)):
             active = [i for i, c in enumerate(chains) if pos < len(c)]
@@ -105,17 +103,31 @@ class ClientRuntime(ClientWorkspace):
             ctxs = [ClientContext(self, chains[i][pos], rnd) for i in active]
             for i, p, res in zip(active, payloads, self.algo.batch_update(ctxs, payloads), strict=True):
                 res = dataclasses.replace(res, bytes_down=payload_nbytes(p))
-                if analyse:
-                    if res.weights is not None:  # the client's trained model, for its analysis
-                        set_weights(self.model, res.weights)
-                    res = dataclasses.replace(res, analysis=self._local_analysis(chains[i][pos]))
-                out[i].append(res)
+                if self._local_model_read(rnd) and res.weights is not None:
+                    set_weights(self.model, res.weights)  # the client's trained model, to read
+                out[i].append(self._after_update(rnd, res))
         return out
 
-    def _analyses_due(self, rnd: int) -> bool:
-        """Whether the local models of training round ``rnd`` are analysed (``eval.analyses``, at an
-        evaluated round; not the prologue or the epilogue)."""
-        return self.cfg.eval.analyses and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
+    def _local_model_read(self, rnd: int) -> bool:
+        """Whether the local models of training round ``rnd`` are read after their update: for
+        ``eval.analyses`` or ``eval.updated_lm``, at an evaluated round."""
+        e = self.cfg.eval
+        return (e.analyses or e.updated_lm) and 1 <= rnd <= self.cfg.rounds and evaluation_due(self.cfg, rnd)
+
+    def _after_update(self, rnd: int, res: ClientResult) -> ClientResult:
+        """``res`` with what is read of the model its local update left in ``self.model``: its
+        analysis (``eval.analyses``) and its correct count on the client's P-Test
+        (``eval.updated_lm``), at an evaluated round."""
+        if not self._local_model_read(rnd):
+            return res
+        if self.cfg.eval.analyses:
+            res = dataclasses.replace(res, analysis=self._local_analysis(res.client))
+        if self.cfg.eval.updated_lm:
+            self.model.eval()
+            idx = self.data.client_test[res.client]
+            correct = self._correct_on(self.model, self.data.ptest, idx, self.cfg.eval.batch_size)
+            res = dataclasses.replace(res, lm_correct=int(correct.sum()))
+        return res
 
     def _local_analysis(self, cid: int) -> dict[str, float | None]:
         """The local model as ``cid``'s local update left it, on G-Test split by the classes

@@ -151,6 +151,11 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
+    if cfg.eval.updated_lm and cls.evaluates_personal(cfg):
+        raise ConfigError(
+            "eval.updated_lm reads lm_ptest off the local updates of an algorithm without personal models; "
+            f"{cfg.algo} has its own (as this run is set)."
+        )
     if cfg.train.batch_clients > 1:
         batching = Batching.of(cls)
         if not batching.possible:

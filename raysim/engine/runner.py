@@ -33,7 +33,7 @@ from raysim.engine.experiment import Experiment, validate
 from raysim.errors import ConfigError, RunAborted
 from raysim.records import RunTotals
 from raysim.registry import DATASETS, EXECUTORS, load_ref
-from raysim.results.metrics import MetricHistory, client_rows, summarize
+from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
 from raysim.results.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
 
 log = logging.getLogger(__name__)
@@ -305,6 +305,8 @@ def _one_round(
         return
     t = time.perf_counter()
     report = executor.evaluate(rnd)
+    if cfg.eval.updated_lm:  # lm_ptest: the round's updated local models (an algorithm without personal ones)
+        report = with_updated_lm(report, stats.updated_lm)
     took = time.perf_counter() - t
     totals.add_round(stats, round_time, took)
     row: dict[str, Any] = {"round": rnd, **summarize(report)}

@@ -59,6 +59,7 @@ class ServerHost:
             bytes_up=sum(r.bytes_up for r in flat),
             samples_trained=sum(r.samples_trained for r in flat),
             client_analyses=tuple((r.client, r.analysis) for r in flat if r.analysis is not None),
+            updated_lm=tuple((r.client, r.lm_correct) for r in flat if r.lm_correct is not None),
             client_epochs=sum(r.samples_trained / r.num_samples for r in flat if r.num_samples),
             scalars=log.scalars(self.algo, self.state, rnd) if log else (),
             texts=log.texts(self.algo, self.state, rnd) if log else (),

@@ -11,6 +11,7 @@ sample-weighted (``*_weighted``); ``*_std`` is the standard deviation across cli
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,14 @@ def summarize(report: EvalReport) -> dict[str, Any]:
         splits = [{f"gm_{k}": v for k, v in (c.gm_split or {}).items()} for c in report.clients]
         row.update(mean_over_clients(splits, tuple(f"gm_{k}" for k in SPLIT_KEYS)))
     return row
+
+
+def with_updated_lm(report: EvalReport, updated: Sequence[tuple[int, int]]) -> EvalReport:
+    """``report`` with each client's ``lm_correct`` its updated local model's (``eval.updated_lm``:
+    the round's trained clients; the others have none)."""
+    by_client = dict(updated)
+    clients = tuple(dataclasses.replace(c, lm_correct=by_client.get(c.client)) for c in report.clients)
+    return dataclasses.replace(report, clients=clients)
 
 
 def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:

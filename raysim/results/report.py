@@ -305,22 +305,7 @@ def write_report(
     return [report, *pngs]
 
 
-__all__ = [
-    "DEFAULT_METRICS",
-    "suite_table",
-    "write_suite_report",
-    "MISSING",
-    "Run",
-    "available_metrics",
-    "check_metric_names",
-    "comparison_table",
-    "default_labels",
-    "load_run",
-    "load_runs",
-    "plot_loss",
-    "plot_metric",
-    "write_report",
-]
+__all__ = ["DEFAULT_METRICS", "MISSING", "Run", "available_metrics", "band_plot", "check_metric_names", "comparison_table", "default_labels", "load_run", "load_runs", "plot_loss", "plot_metric", "suite_table", "write_report", "write_suite_report"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,7 +351,7 @@ def _pm(mean: float | None, std: float | None) -> str:
     return f"{100 * mean:.2f} ± {100 * (std or 0.0):.2f}"
 
 
-def _band_plot(rows: Sequence[dict[str, Any]], metric: str, path: Path) -> bool:
+def band_plot(rows: Sequence[dict[str, Any]], metric: str, path: Path) -> bool:
     """Each configuration's ``metric`` against round: the mean over its seeds, with a band of one
     std. False (and no file) when no configuration has the metric."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -425,7 +410,7 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
     rows = pq.read_table(metrics_path).to_pylist()
     out = Path(out_dir) if out_dir is not None else src
     out.mkdir(parents=True, exist_ok=True)
-    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if _band_plot(rows, m, out / f"accuracy_{m}.png")]
+    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if band_plot(rows, m, out / f"accuracy_{m}.png")]
     links = " ".join(f"![{p.stem}]({p.name})" for p in pngs)
     text = (
         f"# Suite {summary['suite']}\n\n"

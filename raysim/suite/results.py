@@ -31,8 +31,6 @@ def equal_compute_of(run_dir: Path) -> tuple[int, int, int] | None:
     return rounds, max(1, min(clients, per_round)), clients
 
 
-
-
 def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
     """Every trial's rows into ``metrics.parquet`` (with its configuration, seed and sampled
     settings), the mean and std over seeds of each configuration's final, best and last-k metrics
@@ -54,7 +52,10 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
         trial = json.loads(path.read_text())
         group = trial["config"] if not trial["sampled"] else run.name
         if trial.get("pair"):
-            settings.setdefault(group, {**dict(suite.equal_compute.settings), **_pair_settings(run)} if suite.equal_compute else {})
+            settings.setdefault(
+                group,
+                {**dict(suite.equal_compute.settings), **_pair_settings(run)} if suite.equal_compute else {},
+            )
             papers.setdefault(group, "")
         elif group not in settings:
             settings[group] = {**settings[trial["config"]], **trial["sampled"]}
@@ -74,7 +75,9 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
             }
         )
         for row in trial_rows:
-            rows.append({"config": group, "seed": trial["seed"], "trial": run.name, **trial["sampled"], **row})
+            rows.append(
+                {"config": group, "seed": trial["seed"], "trial": run.name, **trial["sampled"], **row}
+            )
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with replaced_atomically(suite_dir / "metrics.parquet") as tmp:
         pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), tmp)
@@ -97,6 +100,7 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
     summary = {
         "suite": suite.name,
         "suite_dir": str(suite_dir),
+        "commit": source_commit(),
         "trials": sum(len(v) for v in groups.values()),
         "configs": configs,
     }
@@ -106,6 +110,32 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
 
     write_suite_report(suite_dir)
     return summary
+
+
+def source_commit() -> str | None:
+    """The git commit of the code running (``+dirty`` when tracked files differ from it), or None
+    outside a git checkout: a published page names the code its numbers came from."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _pair_settings(run: Path) -> dict[str, Any]:
@@ -137,4 +167,4 @@ def yaml_safe_load(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-__all__ = ["collect", "equal_compute_of", "yaml_safe_load"]
+__all__ = ["collect", "equal_compute_of", "source_commit", "yaml_safe_load"]

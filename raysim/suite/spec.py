@@ -163,13 +163,18 @@ def expand_grid(
 ) -> tuple[SuiteConfig, ...]:
     """Every configuration times every combination of the grid's values. A grid key of an
     algorithm's parameters (``algo.X``) applies to the algorithms that have it (a configuration's,
-    else ``base_algo``); for the others it is left out, so they run once instead of once per value."""
+    else ``base_algo``); for the others it is left out, so they run once instead of once per value.
+    A configuration's ``paper`` of as many figures separated by " / " as there are combinations
+    (``"78.44 / 84.56"`` for a grid of two partitions) gives each combination its own figure."""
     if not grid:
         return tuple(configs)
     keys = list(grid)
     out: dict[str, SuiteConfig] = {}
     for config in configs or [SuiteConfig("")]:
-        for values in itertools.product(*(grid[k] for k in keys)):
+        combinations = list(itertools.product(*(grid[k] for k in keys)))
+        figures = [f.strip() for f in config.paper.split(" / ")]
+        for i, values in enumerate(combinations):
+            paper = figures[i] if len(figures) == len(combinations) > 1 else config.paper
             settings = dict(config.settings)
             label = []
             for k, v in zip(keys, values, strict=True):
@@ -182,7 +187,7 @@ def expand_grid(
                     text = ("+".join(map(str, v)) or "none") if isinstance(v, (list, tuple)) else str(v)
                     label.append(text if k == "algo" else f"{k.rsplit('.', 1)[-1]}={text}")
             name = "_".join(x for x in [config.name, *label] if x) or "run"
-            out.setdefault(_safe(name), SuiteConfig(_safe(name), settings, config.paper))
+            out.setdefault(_safe(name), SuiteConfig(_safe(name), settings, paper))
     return tuple(out.values())
 
 

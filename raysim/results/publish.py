@@ -1,0 +1,197 @@
+"""A suite's published page, generated from its directory: ``raysim report --publish SUITE_DIR OUT``.
+
+``OUT`` (e.g. ``docs/results/fedfcd_table1``) receives
+
+- ``README.md``: the suite's name and description, its budget (the settings every row shares, the
+  rounds run, the seeds), the commit of the code that ran it, the wall time, and a table with a row
+  per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
+  metric, beside the paper's figure; then the curves, and ``notes.md`` if ``OUT`` has one;
+- ``summary.json``: the suite's own summary, as the suite wrote it;
+- ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band.
+
+Only ``notes.md`` is written by hand: the judgement (which claims hold, and why) stays prose beside
+the generated table, and publishing again keeps it. Every number on the page comes from the suite
+directory. ``OUT``'s parent gets an index (``README.md``) of every page published beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import ConfigError
+from raysim.results.report import DEFAULT_METRICS, MISSING, band_plot
+
+PAGE = "README.md"
+NOTES = "notes.md"
+#: the base settings shown as the budget, in this order (the rest are in summary.json's settings)
+BUDGET_KEYS = (
+    "data.dataset",
+    "model",
+    "data.partition",
+    "data.test_mode",
+    "clients",
+    "participation",
+    "rounds",
+    "train.local_epochs",
+    "train.batch_size",
+    "train.lr",
+)
+
+
+def pm(mean: float | None, std: float | None) -> str:
+    """A mean ± std of accuracies in %, two decimals; ``MISSING`` for none."""
+    if mean is None:
+        return MISSING
+    return f"{100 * mean:.2f} ± {100 * (std or 0.0):.2f}"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|") if text not in (None, "") else MISSING
+
+
+def results_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
+    """The page's table: per configuration its seeds, rounds, the final and last-k mean ± std of
+    each metric any configuration has, and the paper's figure."""
+    present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
+    header = ["configuration", "seeds", "rounds"]
+    for m in present:
+        header += [f"{m} final", f"{m} last-k"]
+    header.append("paper")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in summary["configs"]:
+        cells = [_cell(c["config"]), str(len(c["seeds"])), ", ".join(map(str, c["rounds"]))]
+        for m in present:
+            cells += [pm(c["mean"].get(m), c["std"].get(m)), pm(c["last_mean"].get(m), c["last_std"].get(m))]
+        cells.append(_cell(c.get("paper")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _budget(suite_dir: Path, summary: dict[str, Any]) -> list[str]:
+    from raysim.suite.results import yaml_safe_load
+
+    base = yaml_safe_load(suite_dir / "suite.yaml").get("base", {})
+    rounds = sorted({r for c in summary["configs"] for r in c["rounds"]})
+    seeds = sorted({s for c in summary["configs"] for s in c["seeds"]})
+    shown = [f"`{k}={base[k]}`" for k in BUDGET_KEYS if k in base and k != "rounds"]
+    out = [
+        f"- rounds run: {', '.join(map(str, rounds))} (the suite file's are in its header; "
+        "a row with fewer stopped early)",
+        f"- seeds: {', '.join(map(str, seeds))} ({summary['trials']} trials)",
+    ]
+    if shown:
+        out.append("- shared settings: " + ", ".join(shown))
+    return out
+
+
+def _wall_time(suite_dir: Path) -> list[str]:
+    """The suite's elapsed time (first trial start to last trial end, any pause included) and the
+    sum of its trials' own times (set-up, training, evaluation)."""
+    from raysim.suite.spec import STARTS_FILE
+
+    ends, spent = [], 0.0
+    for s in (suite_dir / "runs").glob("*/summary.json"):
+        ends.append(s.stat().st_mtime)
+        run = json.loads(s.read_text())
+        spent += sum(float(run.get(k) or 0.0) for k in ("setup_time_s", "train_time_s", "eval_time_s"))
+    starts_file = suite_dir / STARTS_FILE
+    starts = (
+        [float(line.split()[2]) for line in starts_file.read_text().splitlines() if line]
+        if starts_file.exists()
+        else []
+    )
+    out = [f"- trials' own time, summed: {spent / 3600:.2f} h"]
+    if starts and ends:
+        out.append(
+            f"- elapsed, first trial start to last trial end (pauses included): {(max(ends) - min(starts)) / 3600:.2f} h"
+        )
+    return out
+
+
+def publish(
+    suite_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], commit: str | None = None
+) -> list[Path]:
+    """Write the page of the suite in ``suite_dir`` into ``out_dir`` and the index beside it.
+    ``commit``: the code's commit when the suite did not record it. Returns the paths written,
+    the page first."""
+    import pyarrow.parquet as pq
+
+    src, out = Path(suite_dir), Path(out_dir)
+    if not (src / "summary.json").is_file() or not (src / "metrics.parquet").is_file():
+        raise ConfigError(
+            f"{src} is not a suite directory with results (no summary.json and metrics.parquet)."
+        )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} exists and is not a directory.")
+    summary = json.loads((src / "summary.json").read_text())
+    commit = summary.get("commit") or commit
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "summary.json", out / "summary.json")
+    rows = pq.read_table(src / "metrics.parquet").to_pylist()
+    pngs = [
+        out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if band_plot(rows, m, out / f"accuracy_{m}.png")
+    ]
+    from raysim.suite.results import yaml_safe_load
+
+    description = yaml_safe_load(src / "suite.yaml").get("description", "")
+    parts = [
+        f"# {summary['suite']}",
+        "",
+        *([str(description), ""] if description else []),
+        f"Generated by `raysim report --publish` from the suite directory; do not edit by hand "
+        f"(hand-written notes go in `{NOTES}`, which publishing again keeps).",
+        "",
+        "## Budget",
+        *_budget(src, summary),
+        f"- code: {'commit `' + commit + '`' if commit else 'commit not recorded'}",
+        *_wall_time(src),
+        "",
+        "## Results",
+        "",
+        "Accuracies in %, mean ± std over seeds: the value after the last round (final) and the mean "
+        "of the last k evaluations (last-k). The paper's figure is as the suite file quotes it.",
+        "",
+        results_table(summary),
+    ]
+    if pngs:
+        parts += ["## Curves", "", *(f"![{p.stem}]({p.name})" for p in pngs), ""]
+    if (out / NOTES).is_file():
+        parts += ["## Notes", "", (out / NOTES).read_text().strip(), ""]
+    page = out / PAGE
+    page.write_text("\n".join(parts).rstrip() + "\n")
+    return [page, out / "summary.json", *pngs, write_index(out.parent)]
+
+
+def write_index(results_dir: str | os.PathLike[str]) -> Path:
+    """``results_dir/README.md``: a line per published page below it (its suite, description,
+    rows, seeds and rounds), from each page's ``summary.json``."""
+    root = Path(results_dir)
+    lines = [
+        "# Results",
+        "",
+        "Each page is generated from a suite's directory by `raysim report --publish SUITE_DIR "
+        "docs/results/NAME`; the numbers are the suite's, never typed.",
+        "",
+        "| suite | rows | seeds | rounds |",
+        "|---|---|---|---|",
+    ]
+    for summary_path in sorted(root.glob("*/summary.json")):
+        s = json.loads(summary_path.read_text())
+        seeds = sorted({x for c in s["configs"] for x in c["seeds"]})
+        rounds = sorted({r for c in s["configs"] for r in c["rounds"]})
+        name = summary_path.parent.name
+        lines.append(
+            f"| [{s['suite']}]({name}/{PAGE}) | {len(s['configs'])} | {', '.join(map(str, seeds))} | "
+            f"{', '.join(map(str, rounds))} |"
+        )
+    index = root / PAGE
+    index.write_text("\n".join(lines) + "\n")
+    return index
+
+
+__all__ = ["NOTES", "PAGE", "pm", "publish", "results_table", "write_index"]

@@ -1,0 +1,96 @@
+"""``raysim report --publish``: a suite directory in, its page out, every number on the page the
+suite's ``summary.json``'s. The suite directory is made by the suite's own code (its trials run
+serially here, without Ray: a trial's directory is what a suite's trial writes) and collected by
+``raysim.suite.results.collect``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from raysim.commands.console import main as console_main
+from raysim.engine.runner import run_experiment
+from raysim.suite import load_suite, trials
+from raysim.suite.results import collect
+from raysim.suite.spec import SUITE_FILE, TRIAL_FILE, to_yaml, trial_experiment, write_yaml
+
+SUITE = """
+name: tiny_table
+description: two algorithms on two partitions, a tiny table
+base:
+  dataset: synthetic
+  model: mlp_fcd
+  clients: 6
+  participation: 0.5
+  rounds: 3
+  local_epochs: 1
+  batch_size: 20
+  lr: 0.05
+  output.tensorboard: false
+  data.synthetic.shape: [1, 8, 8]
+  data.synthetic.train_samples: 600
+  data.synthetic.test_samples: 300
+seeds: 0-1
+grid:
+  partition: [dirichlet:0.5, dirichlet:0.1]
+configs:
+  - {name: fedavg, set: {algo: fedavg}, paper: "81.1 / 81.3"}
+  - {name: fedrep, set: {algo: fedrep}, paper: "79.5 / 80.1"}
+"""
+
+
+def make_suite_dir(tmp_path: Path) -> Path:
+    (tmp_path / "tiny.yaml").write_text(SUITE)
+    suite = load_suite(tmp_path / "tiny.yaml")
+    suite_dir = tmp_path / "suite"
+    suite_dir.mkdir()
+    write_yaml(suite_dir / SUITE_FILE, to_yaml(suite))
+    for trial in trials(suite):
+        run_dir = suite_dir / "runs" / trial.name
+        exp = trial_experiment(trial, run_dir)
+        serial = dataclasses.replace(exp.cfg, ray=dataclasses.replace(exp.cfg.ray, executor="serial"))
+        run_experiment(serial)
+        (run_dir / TRIAL_FILE).write_text(json.dumps({"config": trial.config, "seed": trial.seed, "sampled": {}}))
+    collect(suite, suite_dir)
+    return suite_dir
+
+
+def pm(mean: float | None, std: float | None) -> str:
+    return "–" if mean is None else f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def test_the_published_page_carries_the_suites_numbers(tmp_path: Path) -> None:
+    suite_dir = make_suite_dir(tmp_path)
+    out = tmp_path / "docs" / "results" / "tiny_table"
+    out.mkdir(parents=True)
+    (out / "notes.md").write_text("FedRep's personal heads win on the sharper split.\n")
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123"]) == 0
+    summary = json.loads((suite_dir / "summary.json").read_text())
+    assert json.loads((out / "summary.json").read_text()) == summary
+    page = (out / "README.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
+    assert len(rows) == len(summary["configs"]) == 4
+    for config, row in zip(summary["configs"], rows, strict=True):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[0] == config["config"] and cells[1] == "2" and cells[2] == "3"
+        want = []
+        for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
+            want += [pm(config["mean"][m], config["std"][m]), pm(config["last_mean"][m], config["last_std"][m])]
+        assert cells[3:9] == want
+        assert cells[9] == config["paper"]
+    # each partition its own figure of the row's "A / B"
+    assert [c["paper"] for c in summary["configs"]] == ["81.1", "81.3", "79.5", "80.1"]
+    assert "FedRep's personal heads win" in page  # the hand-written notes are kept
+    assert "commit `" in page  # the suite recorded its commit (a git checkout), else the one given
+    assert (out / "accuracy_gm_gtest.png").stat().st_size > 5000
+    index = (out.parent / "README.md").read_text()
+    assert "[tiny_table](tiny_table/README.md) | 4 | 0, 1 | 3 |" in index
+    assert re.search(r"seeds: 0, 1 \(8 trials\)", page)
+
+
+def test_publishing_what_is_not_a_suite_directory_is_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert console_main(["report", "--publish", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "not a suite directory with results" in capsys.readouterr().err
+    assert console_main(["report", "--publish", str(tmp_path)]) == 2
