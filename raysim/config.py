@@ -133,6 +133,11 @@ class EvalConfig:
     #: client's model as its local update in an evaluated round left it, on its own P-Test, over the
     #: clients trained in that round (Fed3+2p's Table 1 reads LM so for its global-only rows)
     updated_lm: bool = False
+    #: Fed3+2p's Fig. 3: after the last round, the features f(x) (the global head's input) of this
+    #: many G-Test images, a fixed seeded sample, under the global model and each client's personal
+    #: model, to features.parquet, with their t-SNE (scikit-learn) in features_tsne.png and
+    #: TensorBoard (0: none)
+    features: int = setting(0, at_least=0)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ class EvalTarget:
 
     pool: str  # "ptest" | "gtest" | "train" (the clients' validation parts)
     indices: np.ndarray
+    #: the one share of an evaluation that also gives the global model's one-off outputs (the
+    #: features of ``eval.features``): the first chunk of the first target
+    leads: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class EvalPart:
     #: ``eval.analyses``: per target, cos(f(x), v_y) and ||f(x)|| per sample (else empty)
     global_align: tuple[np.ndarray, ...] = ()
     global_norm: tuple[np.ndarray, ...] = ()
+    #: ``eval.features``: ("global" or "client_<c>", the features f(x) of the fixed sample of G-Test)
+    features: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class EvalReport:
     gtest_total: int
     #: ``eval.analyses``: the global model's accuracy on each class of G-Test
     gm_class_acc: list[float | None] | None = None
+    #: ``eval.features``: the features of the fixed G-Test sample, the global model's then each client's
+    features: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True)

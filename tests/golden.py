@@ -7,7 +7,10 @@ The file was recorded on commit 31f9591, before the dependency restructuring of 
 an algorithm added since was recorded when the algorithm landed. Cases recorded again since, each
 for a change that meant to move its numbers: ``fedprox``, when its proximal term's anchor became the
 received model (it had been whatever the worker's model held before the job); ``pfedme``, when its
-inner problem stopped solving on each epoch's last, partial batch (issue 30).
+inner problem stopped solving on each epoch's last, partial batch (issue 30); ``fedavg-analyses``,
+when the analyses gained FedDr+'s Fig. 4 columns (``local_*_fdist``, ``*_fangle``, ``*_fnormdiff``,
+issue 27): only those columns were added, every recorded value stayed. ``python -m tests.golden
+NAME`` records one case; without a name it records every one.
 
 The numbers are those of PyTorch's AVX2 kernels, which ``tests/conftest.py`` selects (an AVX-512
 kernel sums in another order); record with it imported, as ``python -m tests.golden`` does.

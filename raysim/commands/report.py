@@ -1,7 +1,7 @@
 """Compare raysim runs: ``raysim report runs/a runs/b --out /tmp/report`` (or ``python scripts/report.py``).
 
 ``raysim report --publish SUITE_DIR docs/results/NAME`` writes a suite's published page instead
-(:mod:`raysim.results.publish`).
+(:mod:`raysim.suite.publish`).
 
 Writes ``accuracy_<metric>.png`` (accuracy in % against round, a line per run), ``train_loss.png`` and
 ``report.md`` (a table of each run's setting and best/final accuracies, then links to the plots) into
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.publish:
             if len(args.runs) != 2:
                 raise ConfigError("--publish takes a suite directory and the page's directory: SUITE_DIR OUT_DIR.")
-            from raysim.results.publish import publish
+            from raysim.suite.publish import publish
 
             written = publish(args.runs[0], args.runs[1], args.commit)
             print(written[0])

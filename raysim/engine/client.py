@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.capabilities.batching import Batching
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import ArrayDataset, FederatedData
 from raysim.engine.experiment import make_algorithm
@@ -83,6 +84,7 @@ class ClientRuntime(ClientWorkspace):
         results: list[ClientResult] = []
         for cid in clients:
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
+            self._capture_received(rnd)
             res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
             res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
             res = self._after_update(rnd, res)
@@ -101,12 +103,22 @@ class ClientRuntime(ClientWorkspace):
             active = [i for i, c in enumerate(chains) if pos < len(c)]
             payloads = [payload if pos == 0 else self.algo.continue_chain(payload, out[i][-1]) for i in active]
             ctxs = [ClientContext(self, chains[i][pos], rnd) for i in active]
-            for i, p, res in zip(active, payloads, self.algo.batch_update(ctxs, payloads), strict=True):
+            self._capture_received(rnd)
+            updated = self.algo.batch_update(ctxs, payloads)
+            if Batching.of(self.algo).pinned:  # each client started from parts of its own: no one start
+                self.received = None
+            for i, p, res in zip(active, payloads, updated, strict=True):
                 res = dataclasses.replace(res, bytes_down=payload_nbytes(p))
                 if self._local_model_read(rnd) and res.weights is not None:
                     set_weights(self.model, res.weights)  # the client's trained model, to read
                 out[i].append(self._after_update(rnd, res))
         return out
+
+    def _capture_received(self, rnd: int) -> None:
+        """Keep the model the next local update first loads (its received global model), for the
+        analyses' feature drift (FedDr+'s Fig. 4), at an evaluated round."""
+        self.received = None
+        self.capture_received = self.cfg.eval.analyses and self._local_model_read(rnd)
 
     def _local_model_read(self, rnd: int) -> bool:
         """Whether the local models of training round ``rnd`` are read after their update: for
@@ -122,6 +134,7 @@ class ClientRuntime(ClientWorkspace):
             return res
         if self.cfg.eval.analyses:
             res = dataclasses.replace(res, analysis=self._local_analysis(res.client))
+        self.capture_received = False
         if self.cfg.eval.updated_lm:
             self.model.eval()
             idx = self.data.client_test[res.client]
@@ -132,16 +145,32 @@ class ClientRuntime(ClientWorkspace):
     def _local_analysis(self, cid: int) -> dict[str, float | None]:
         """The local model as ``cid``'s local update left it, on G-Test split by the classes
         ``cid`` observed (:mod:`raysim.results.analysis`), as ``local_*`` values."""
-        from raysim.results.analysis import ClassStats, sample_analysis
+        from raysim.results.analysis import (
+            DRIFT_KEYS,
+            ClassStats,
+            drift_split,
+            feature_drift,
+            sample_analysis,
+        )
+        from raysim.toolkit.features import extract_features
 
         data = self.data
         if self._gtest is None:
             self._gtest = self.gather(data.gtest, np.arange(len(data.gtest)))
         x, y = self._gtest
-        correct, align, norm = sample_analysis(self.model, x, y, self.cfg.eval.batch_size)
+        bs = self.cfg.eval.batch_size
+        correct, align, norm = sample_analysis(self.model, x, y, bs)
         stats = ClassStats.of(data.gtest.y, correct, align, norm, data.num_classes)
         observed = np.bincount(data.train.y[data.client_train[cid]], minlength=data.num_classes) > 0
-        return {f"local_{k}": v for k, v in stats.split(observed).items()}
+        out = {f"local_{k}": v for k, v in stats.split(observed).items()}
+        drift: dict[str, float | None] = dict.fromkeys(DRIFT_KEYS)
+        if self.received is not None:  # FedDr+'s Fig. 4: from the received model to the local one
+            start = self.scratch_model("received")
+            start.load_state_dict(self.received)
+            local_f = extract_features(self.model, x, bs).cpu().numpy()
+            start_f = extract_features(start, x, bs).cpu().numpy()
+            drift = drift_split(data.gtest.y, feature_drift(local_f, start_f), observed)
+        return {**out, **{f"local_{k}": v for k, v in drift.items()}}
 
     def evaluate(
         self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
@@ -167,6 +196,10 @@ class ClientRuntime(ClientWorkspace):
                     global_norm.append(norm)
                 else:
                     global_correct.append(self._correct_on(gm, ds, t.indices, bs))
+        features: list[tuple[str, np.ndarray]] = []
+        export = self.cfg.eval.features > 0 and rnd == self.cfg.rounds
+        if export and gm is not None and any(t.leads for t in targets):
+            features.append(("global", self._sample_features(gm)))
         personal: list[tuple[int, int | None]] = []
         for c in clients:
             pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
@@ -174,11 +207,26 @@ class ClientRuntime(ClientWorkspace):
                 personal.append((c, None))
                 continue
             pm.eval()
+            if export:
+                features.append((f"client_{c}", self._sample_features(pm)))
             forward = self.algo.personal_forward(pm, eval_payload)
             personal.append(
                 (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
             )
-        return EvalPart(tuple(global_correct), tuple(personal), tuple(global_align), tuple(global_norm))
+        return EvalPart(
+            tuple(global_correct), tuple(personal), tuple(global_align), tuple(global_norm), tuple(features)
+        )
+
+    def _sample_features(self, model: Any) -> np.ndarray:
+        """The features f(x) (:func:`raysim.toolkit.features.representation`) of ``eval.features``'
+        fixed G-Test sample (:func:`raysim.results.features.feature_sample`) under ``model``."""
+        from raysim.results.features import feature_sample
+        from raysim.toolkit.features import extract_features
+
+        idx = feature_sample(self.cfg, len(self.data.gtest))
+        x, _ = self.gather(self.data.gtest, idx)
+        out: np.ndarray = extract_features(model, x, self.cfg.eval.batch_size).cpu().numpy()
+        return out
 
     def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:
         if idx.size == 0:

@@ -31,7 +31,7 @@ from raysim.data.loading import DataLoad
 from raysim.engine.executors.base import Executor
 from raysim.engine.experiment import Experiment, validate
 from raysim.errors import ConfigError, RunAborted
-from raysim.records import RunTotals
+from raysim.records import EvalReport, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
 from raysim.results.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
@@ -238,7 +238,11 @@ def run_experiment(
                     stats = executor.train_round(0, list(range(cfg.clients)))
                     totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
                 else:
-                    _one_round(cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, extra.epilogue)
+                    report = _one_round(
+                        cfg, executor, rnd, all_callbacks, rows, all_client_rows, totals, extra.epilogue
+                    )
+                    if report is not None and report.features:  # eval.features, after the last round
+                        _export_features(cfg, executor.data, report, rnd, run_dir, all_callbacks)
                 executor.end_round(rnd)
                 last_round = rnd
                 every = cfg.output.checkpoint_every
@@ -276,6 +280,28 @@ def run_experiment(
     return result
 
 
+def _export_features(
+    cfg: ExperimentConfig,
+    data: FederatedData,
+    report: EvalReport,
+    rnd: int,
+    run_dir: Path,
+    callbacks: Sequence[Callback],
+) -> None:
+    """``eval.features``: the last evaluation's features of the fixed G-Test sample to
+    features.parquet, their t-SNE to features_tsne.png and to the callbacks that take pictures
+    (TensorBoard's ``features/tsne``); :mod:`raysim.results.features`."""
+    from raysim.results.features import feature_rows, feature_sample, write_features
+
+    sample = feature_sample(cfg, len(data.gtest))
+    rows = feature_rows(rnd, sample, data.gtest.y[sample], report.features)
+    picture = write_features(run_dir, rows, cfg.seed)
+    for cb in callbacks:
+        on_image = getattr(cb, "on_image", None)
+        if on_image is not None:
+            on_image("features/tsne", picture, rnd)
+
+
 def _one_round(
     cfg: ExperimentConfig,
     executor: Executor,
@@ -285,9 +311,10 @@ def _one_round(
     all_client_rows: list[dict[str, Any]],
     totals: RunTotals,
     epilogue: bool,
-) -> None:
+) -> EvalReport | None:
     """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
-    algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``."""
+    algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``. Returns the
+    evaluation, if there was one."""
     sampled = rng.sample_clients(cfg.seed, rnd, cfg.clients, cfg.clients_per_round)
     t = time.perf_counter()
     stats = executor.train_round(rnd, sampled)
@@ -302,7 +329,7 @@ def _one_round(
         cb.on_round(stats, round_time)
     if not evaluation_due(cfg, rnd):
         totals.add_round(stats, round_time, 0.0)
-        return
+        return None
     t = time.perf_counter()
     report = executor.evaluate(rnd)
     if cfg.eval.updated_lm:  # lm_ptest: the round's updated local models (an algorithm without personal ones)
@@ -333,6 +360,7 @@ def _one_round(
     all_client_rows.extend(per_client)
     for cb in callbacks:
         cb.on_eval(rnd, row, per_client)
+    return report
 
 
 def _rescue(run_dir: Path, checkpoint: Callable[[], Checkpoint]) -> str:

@@ -13,7 +13,14 @@ global model's features come from its evaluation pass), so they are off by defau
   server aggregates): the same six on G-Test split by the client's O^i and U^i (``local_*``, for
   the clients trained in the round; their means in metrics.parquet: FedDr+'s Figs. 2, 3 and 5 are
   these means, and its gaps are ``local_*`` at round r minus ``gm_*`` at round r - 1, with
-  ``eval.every: 1``).
+  ``eval.every: 1``);
+- FedDr+'s Fig. 4: for each trained client, from the global model it received (theta^g_{r-1}, as
+  its local update first loaded it) to its local model theta^i_r, on the same G-Test inputs of its
+  O^i and U^i: the feature distance ||f(x; theta^i_r) - f(x; theta^g_{r-1})||, the angle between
+  the two features (degrees) and their norm difference (``local_obs_fdist``, ``local_unobs_fangle``,
+  ``local_obs_fnormdiff``, ...; means over the round's clients in metrics.parquet). A batch of
+  clients trained together (``train.batch_clients``) shares one received model, so an algorithm
+  whose batches start each client from its own parts (pinned batching) has none of these.
 
 f(x) is the input of the global head (:func:`raysim.toolkit.features.representation`) and v_y the head's
 row for class y. A client with no unobserved class has no ``*_unobs_*`` values (null); the means
@@ -34,8 +41,14 @@ if TYPE_CHECKING:
 
 #: (obs | unobs) x (acc | align | norm): the per-client columns, each prefixed gm_ or local_
 SPLIT_KEYS = tuple(f"{side}_{what}" for side in ("obs", "unobs") for what in ("acc", "align", "norm"))
+#: FedDr+'s Fig. 4, (obs | unobs) x (feature distance, angle in degrees, norm difference) from the
+#: received global model to the local model, on the same G-Test inputs; prefixed local_
+DRIFT_KEYS = tuple(f"{side}_{what}" for side in ("obs", "unobs") for what in ("fdist", "fangle", "fnormdiff"))
 #: every column the analyses add to metrics.parquet (besides ``gm_class_acc``) and clients.parquet
-ANALYSIS_COLUMNS = tuple(f"{who}_{k}" for who in ("gm", "local") for k in SPLIT_KEYS)
+ANALYSIS_COLUMNS = (
+    *(f"{who}_{k}" for who in ("gm", "local") for k in SPLIT_KEYS),
+    *(f"local_{k}" for k in DRIFT_KEYS),
+)
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,30 @@ def sample_analysis(
     )
 
 
+def feature_drift(local: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample (rows of the two (n, d) feature matrices of the same inputs): the distance
+    ||f_local - f_start||, the angle between them in degrees, and ||f_local|| - ||f_start||
+    (FedDr+'s Fig. 4, from theta^g_{r-1} to theta^i_r)."""
+    a, b = local.astype(np.float64), start.astype(np.float64)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = np.einsum("ij,ij->i", a, b) / np.maximum(na * nb, 1e-12)
+    angle = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    return np.linalg.norm(a - b, axis=1), angle, na - nb
+
+
+def drift_split(
+    y: np.ndarray, drift: tuple[np.ndarray, np.ndarray, np.ndarray], observed: np.ndarray
+) -> dict[str, float | None]:
+    """The means of :func:`feature_drift`'s three values over the samples of the classes where
+    ``observed`` is true (obs_*) and false (unobs_*), as :data:`DRIFT_KEYS`; None for an empty side."""
+    out: dict[str, float | None] = {}
+    seen = observed[y]
+    for side, mask in (("obs", seen), ("unobs", ~seen)):
+        for what, values in zip(("fdist", "fangle", "fnormdiff"), drift, strict=True):
+            out[f"{side}_{what}"] = float(values[mask].mean()) if mask.any() else None
+    return out
+
+
 def mean_over_clients(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float | None]:
     """The mean of each key over the rows that have a value for it (None where none has)."""
     out: dict[str, float | None] = {}
@@ -115,4 +152,13 @@ def mean_over_clients(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict
     return out
 
 
-__all__ = ["ANALYSIS_COLUMNS", "SPLIT_KEYS", "ClassStats", "mean_over_clients", "sample_analysis"]
+__all__ = [
+    "ANALYSIS_COLUMNS",
+    "DRIFT_KEYS",
+    "SPLIT_KEYS",
+    "ClassStats",
+    "drift_split",
+    "feature_drift",
+    "mean_over_clients",
+    "sample_analysis",
+]

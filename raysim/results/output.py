@@ -156,6 +156,10 @@ class TensorBoardWriter(BaseCallback):
         self.writer.add_scalar("time/eval_s", row["eval_time_s"], rnd)
         self.writer.flush()
 
+    def on_image(self, tag: str, image: np.ndarray, rnd: int) -> None:
+        """A picture the run made (e.g. ``eval.features``' t-SNE, ``features/tsne``)."""
+        self.writer.add_image(tag, image, rnd)
+
     def on_end(self, summary: dict[str, Any]) -> None:
         self.writer.close()
 

@@ -106,6 +106,10 @@ class ClientWorkspace:
         ).to(self.device)
         self.initial_weights = get_weights(self.model, PARTS)
         self.memory: dict[int, ClientMemory] = {}
+        #: the model as a local update first loaded it (its received global model), kept while
+        #: ``capture_received`` (the analyses' feature drift, raysim.results.analysis)
+        self.capture_received = False
+        self.received: dict[str, torch.Tensor] | None = None
         self._fresh: dict[tuple[str, str], np.ndarray] = {}
         self._scratch: dict[str, SplitModel] = {}
 
@@ -203,6 +207,9 @@ class ClientContext:
 
     def load(self, weights: ModelWeights) -> None:
         set_weights(self.model, weights)
+        ws = self._ws
+        if ws.capture_received and ws.received is None:  # the update's start, for the analyses
+            ws.received = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def weights(self, parts: Sequence[str]) -> ModelWeights:
         return get_weights(self.model, parts)

@@ -127,3 +127,51 @@ def test_analyses_are_the_same_on_serial_and_ray(tmp_path, ray_local):
     a = pd.read_parquet(tmp_path / "s" / "clients.parquet")
     b = pd.read_parquet(tmp_path / "r" / "clients.parquet")
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_feature_drift_a_hand_example():
+    """FedDr+'s Fig. 4 values for a sample whose feature turns from (0, 5) to (3, 4): distance
+    sqrt(10), angle arccos(0.8) = 36.87 degrees, no change of norm; and (1, 0) to (0, 2): sqrt(5),
+    90 degrees, norm +1."""
+    from raysim.results.analysis import drift_split, feature_drift
+
+    local = np.array([[3.0, 4.0], [0.0, 2.0], [2.0, 0.0]])
+    start = np.array([[0.0, 5.0], [1.0, 0.0], [1.0, 0.0]])
+    dist, angle, normdiff = feature_drift(local, start)
+    assert dist == pytest.approx([np.sqrt(10), np.sqrt(5), 1.0])
+    assert angle == pytest.approx([np.degrees(np.arccos(0.8)), 90.0, 0.0])
+    assert normdiff == pytest.approx([0.0, 1.0, 1.0])
+    got = drift_split(np.array([0, 1, 1]), (dist, angle, normdiff), np.array([True, False]))
+    assert got["obs_fdist"] == pytest.approx(np.sqrt(10)) and got["obs_fnormdiff"] == pytest.approx(0.0)
+    assert got["unobs_fangle"] == pytest.approx(45.0) and got["unobs_fdist"] == pytest.approx((np.sqrt(5) + 1) / 2)
+    assert drift_split(np.array([0]), feature_drift(local[:1], start[:1]), np.array([True, False]))["unobs_fdist"] is None
+
+
+def test_feature_drift_is_from_the_received_model_to_the_local_one(tmp_path):
+    """Round 1's client starts from the initial model: its drift values are those of the features of
+    the initial model and of the model its update left, computed here from scratch."""
+    import torch
+
+    from raysim.models import build_model, set_weights
+
+    ex = SerialExecutor(cfg := tiny_config(tmp_path, **SETUP), prepare(cfg))
+    (res,) = run_round(ex, 1, [2])
+    data = ex.runtime.data
+    start = build_model(cfg.model, data.train.input_shape, data.num_classes, 0)
+    set_weights(start, ex.runtime.initial_weights)
+    x = torch.from_numpy(data.gtest.features(np.arange(len(data.gtest))))
+    local = ex.runtime.model
+    for m in (start, local):
+        m.eval()
+    with torch.no_grad():
+        f1 = local.filter(local.extractor(x)).double()
+        f0 = start.filter(start.extractor(x)).double()
+    dist = (f1 - f0).norm(dim=1)
+    angle = torch.rad2deg(torch.arccos(torch.clamp(torch.nn.functional.cosine_similarity(f1, f0, dim=1), -1, 1)))
+    normdiff = f1.norm(dim=1) - f0.norm(dim=1)
+    seen = torch.from_numpy((data.train_label_counts()[2] > 0)[data.gtest.y])
+    for side, mask in (("obs", seen), ("unobs", ~seen)):
+        assert res.analysis[f"local_{side}_fdist"] == pytest.approx(float(dist[mask].mean()), rel=1e-4)
+        assert res.analysis[f"local_{side}_fangle"] == pytest.approx(float(angle[mask].mean()), rel=1e-3)
+        assert res.analysis[f"local_{side}_fnormdiff"] == pytest.approx(float(normdiff[mask].mean()), rel=1e-3, abs=1e-5)
+    assert res.analysis["local_obs_fdist"] > 0

@@ -19,8 +19,8 @@ def eval_targets(data: FederatedData) -> list[EvalTarget]:
     ptest_union = np.unique(np.concatenate(data.client_test)) if data.num_clients else np.zeros(0, np.int64)
     all_gtest = np.arange(len(data.gtest))
     if data.ptest is data.gtest:
-        return [EvalTarget("ptest", np.union1d(ptest_union, all_gtest))]
-    return [EvalTarget("ptest", ptest_union), EvalTarget("gtest", all_gtest)]
+        return [EvalTarget("ptest", np.union1d(ptest_union, all_gtest), leads=True)]
+    return [EvalTarget("ptest", ptest_union, leads=True), EvalTarget("gtest", all_gtest)]
 
 
 def validation_target(data: FederatedData) -> EvalTarget:
@@ -40,7 +40,7 @@ def split_targets(targets: Sequence[EvalTarget], parts: int) -> list[list[EvalTa
     out: list[list[EvalTarget]] = [[] for _ in range(parts)]
     for t in targets:
         for w, chunk in enumerate(np.array_split(t.indices, parts)):
-            out[w].append(EvalTarget(t.pool, chunk))
+            out[w].append(EvalTarget(t.pool, chunk, t.leads and w == 0))
     return out
 
 
@@ -83,8 +83,14 @@ def assemble_report(
         )
         for c in range(data.num_clients)
     )
+    features = [f for part in parts for f in part.features]
+    order = {name: (name != "global", int(name.rpartition("_")[2]) if name != "global" else -1) for name, _ in features}
     return EvalReport(
-        clients, int(bits["gtest"].sum()) if has_global else None, len(data.gtest), gm_class_acc=class_acc
+        clients,
+        int(bits["gtest"].sum()) if has_global else None,
+        len(data.gtest),
+        gm_class_acc=class_acc,
+        features=tuple(sorted(features, key=lambda f: order[f[0]])),
     )
 
 

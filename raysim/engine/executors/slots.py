@@ -136,6 +136,7 @@ class JobSlots:
             tuple(pc for p in parts for pc in p.personal_correct),
             joined("global_align"),
             joined("global_norm"),
+            tuple(f for p in parts for f in p.features),
         )
 
     def close(self) -> None:
