@@ -13,7 +13,8 @@ Learning", seed 004) and its variant dot-regression (``dotreg``, beta = 1).
 - FedDr+ FT (Sec. 4.3, 2-step personalisation): after the last round each client fine-tunes the
   global body on its own training data for ``ft_epochs`` (default E) at ``ft_lr`` (default the
   initial rate) with ``ft_loss`` = ``dr`` (L_DR, which Appendix D's Table 8 finds best for
-  fine-tuning) or ``drplus`` (L_Dr+, as Sec. 4.3 states it); ``lm_ptest`` at the last round reports
+  fine-tuning) or ``drplus`` (L_Dr+, as Sec. 4.3 states it, with ``ft_beta``: by default the run's
+  beta, and for dotreg FedDr+'s 0.9, Table 8's "Dot-Regression FT (L_Dr+)"); ``lm_ptest`` at the last round reports
   these models (mean and std across clients). The global model is not changed by fine-tuning.
 """
 
@@ -32,6 +33,7 @@ from algorithms.frozen_head import (
     etf_classifier,
 )
 from raysim import rng
+from raysim.config import setting
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.weights import BODY, ModelWeights
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 class FedDrPlusConfig:
     beta: float = 0.9
     ft_loss: Literal["dr", "drplus"] = "dr"  # dr | drplus (FedDr+ FT's loss; its epochs and rate: algo.ft_epochs, algo.ft_lr)
+    #: beta of the L_Dr+ fine-tune (ft_loss=drplus); None: the run's beta
+    ft_beta: float | None = setting(None, at_least=0, below=1)
 
 
 @register("feddrplus")
@@ -88,13 +92,15 @@ class FedDrPlus(FrozenHead):
     def ft_loss(self, ctx: ClientContext, weights: ModelWeights) -> LossFn:
         """FedDr+ FT's loss: L_DR (``ft_loss="dr"``) or L_Dr+ with the global model as teacher."""
         p = self.params
-        beta = 1.0 if p.ft_loss == "dr" else p.beta
+        beta = 1.0 if p.ft_loss == "dr" else (p.ft_beta if p.ft_beta is not None else p.beta)
         return dr_loss(beta, ctx.teacher(weights) if beta < 1.0 else None)
 
 
 @dataclass(frozen=True)
 class DotRegConfig(FedDrPlusConfig):
     beta: float = 1.0  # dot-regression alone: no feature distillation
+    #: its L_Dr+ fine-tune (Table 8's "Dot-Regression FT (L_Dr+)") distils with FedDr+'s beta
+    ft_beta: float | None = setting(0.9, at_least=0, below=1)
 
 
 @register("dotreg")

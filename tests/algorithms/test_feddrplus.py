@@ -157,6 +157,21 @@ def test_feddrplus_reports_ft_accuracy_at_the_last_round_only(tmp_path):
     assert result.final["gm_gtest"] > 0.5
 
 
+def test_dotregs_drplus_fine_tune_distils_with_feddrplus_beta(tmp_path):
+    """Table 8's "Dot-Regression FT (L_Dr+)": dotreg trains with beta = 1 (no L_FD), and its L_Dr+
+    fine-tune distils with beta 0.9; so it differs from its L_DR fine-tune, the global model not."""
+    runs = {
+        loss: run_experiment(tiny_config(tmp_path / loss, **{**SETUP, "algo": "dotreg", "algo.ft_loss": loss, "algo.ft_epochs": 2}))
+        for loss in ("dr", "drplus")
+    }
+    assert runs["dr"].final["gm_gtest"] == runs["drplus"].final["gm_gtest"]
+    assert runs["dr"].final["lm_ptest"] != runs["drplus"].final["lm_ptest"]
+    same = run_experiment(
+        tiny_config(tmp_path / "b1", **{**SETUP, "algo": "dotreg", "algo.ft_loss": "drplus", "algo.ft_epochs": 2, "algo.ft_beta": None})
+    )
+    assert same.final["lm_ptest"] == runs["dr"].final["lm_ptest"]  # ft_beta None: the run's beta, 1: L_DR
+
+
 # ------------------------------------------------------------------ Table 3's local-only variants
 
 
