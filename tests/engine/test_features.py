@@ -72,3 +72,20 @@ def test_without_the_setting_nothing_is_exported(tmp_path):
     assert not (tmp_path / FEATURES_FILE).exists() and res.rows
     with pytest.raises(ConfigError, match="eval.features must be at least 0"):
         raysim.make_config(dataset="synthetic", executor="serial", set={"eval.features": -1})
+
+
+@pytest.mark.ray
+def test_features_and_updated_models_are_the_same_on_serial_and_ray(tmp_path, ray_local):
+    """Two workers with two job slots each: the global features come from the evaluation's one
+    leading share, every client's from its own worker; the updated local models' lm_ptest too."""
+    on_ray = {"ray.executor": "ray", "ray.workers": 2, "ray.jobs_per_worker": 2, "ray.cpus_per_worker": 0.5}
+    run_experiment(tiny_config(tmp_path / "s", **SETUP))
+    run_experiment(tiny_config(tmp_path / "r", **SETUP, **on_ray))
+    a, b = (pd.read_parquet(tmp_path / d / FEATURES_FILE) for d in ("s", "r"))
+    assert list(a["model"]) == list(b["model"]) and list(a["sample"]) == list(b["sample"])
+    assert all(np.array_equal(x, y) for x, y in zip(a["feature"], b["feature"], strict=True))
+    lm = {"algo": "fedavg", "rounds": 2, "eval.updated_lm": True}
+    s = run_experiment(tiny_config(tmp_path / "ls", **lm))
+    r = run_experiment(tiny_config(tmp_path / "lr", **lm, **on_ray))
+    assert [x["lm_ptest"] for x in s.rows] == [x["lm_ptest"] for x in r.rows]
+    assert all(x["lm_ptest"] is not None for x in s.rows)
