@@ -5,7 +5,8 @@
 - ``README.md``: the suite's name and description, its budget (the settings every row shares, the
   rounds run, the seeds), the commit of the code that ran it, the wall time, and a table with a row
   per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
-  metric, beside the paper's figure; then the curves, and ``notes.md`` if ``OUT`` has one;
+  metric, and the mean of each seed's best (the figure papers that report the highest accuracy
+  compare with), beside the paper's figure; then the curves, and ``notes.md`` if ``OUT`` has one;
 - ``summary.json``: the suite's own summary, as the suite wrote it;
 - ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band.
 
@@ -55,18 +56,23 @@ def _cell(text: Any) -> str:
 
 
 def results_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
-    """The page's table: per configuration its seeds, rounds, the final and last-k mean ± std of
-    each metric any configuration has, and the paper's figure."""
+    """The page's table: per configuration its seeds, rounds, the final and last-k mean ± std and
+    the mean best of each metric any configuration has, and the paper's figure."""
     present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
     header = ["configuration", "seeds", "rounds"]
     for m in present:
-        header += [f"{m} final", f"{m} last-k"]
+        header += [f"{m} final", f"{m} last-k", f"{m} best"]
     header.append("paper")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in summary["configs"]:
         cells = [_cell(c["config"]), str(len(c["seeds"])), ", ".join(map(str, c["rounds"]))]
         for m in present:
-            cells += [pm(c["mean"].get(m), c["std"].get(m)), pm(c["last_mean"].get(m), c["last_std"].get(m))]
+            best = c["best_mean"].get(m)
+            cells += [
+                pm(c["mean"].get(m), c["std"].get(m)),
+                pm(c["last_mean"].get(m), c["last_std"].get(m)),
+                MISSING if best is None else f"{100 * best:.2f}",
+            ]
         cells.append(_cell(c.get("paper")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -154,7 +160,8 @@ def publish(
         "## Results",
         "",
         "Accuracies in %, mean ± std over seeds: the value after the last round (final) and the mean "
-        "of the last k evaluations (last-k). The paper's figure is as the suite file quotes it.",
+        "of the last k evaluations (last-k); best is the mean over seeds of each seed's highest "
+        "evaluated value. The paper's figure is as the suite file quotes it.",
         "",
         results_table(summary),
     ]

@@ -109,7 +109,7 @@ def aligned_cross_entropy(
     import torch.nn.functional as F
 
     on = lam > 0 and centres.shape[1] > 0
-    c = torch.from_numpy(centres).to(device) if on else None
+    c = torch.tensor(centres, device=device) if on else None  # a copy: the array may be read-only (Ray)
     m = torch.from_numpy(mask).to(device) if on else None
 
     def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -77,9 +77,14 @@ def test_the_published_page_carries_the_suites_numbers(tmp_path: Path) -> None:
         assert cells[0] == config["config"] and cells[1] == "2" and cells[2] == "3"
         want = []
         for m in ("gm_gtest", "gm_ptest", "lm_ptest"):
-            want += [pm(config["mean"][m], config["std"][m]), pm(config["last_mean"][m], config["last_std"][m])]
-        assert cells[3:9] == want
-        assert cells[9] == config["paper"]
+            best = config["best_mean"][m]
+            want += [
+                pm(config["mean"][m], config["std"][m]),
+                pm(config["last_mean"][m], config["last_std"][m]),
+                "–" if best is None else f"{100 * best:.2f}",
+            ]
+        assert cells[3:12] == want
+        assert cells[12] == config["paper"]
     # each partition its own figure of the row's "A / B"
     assert [c["paper"] for c in summary["configs"]] == ["81.1", "81.3", "79.5", "80.1"]
     assert "FedRep's personal heads win" in page  # the hand-written notes are kept
