@@ -29,7 +29,7 @@ from raysim.results.report import DEFAULT_METRICS, MISSING, band_plot
 
 PAGE = "README.md"
 NOTES = "notes.md"
-#: the base settings shown as the budget, in this order (the rest are in summary.json's settings)
+#: the base settings shown as the budget, in this order (the rounds run come from the summary)
 BUDGET_KEYS = (
     "data.dataset",
     "model",
@@ -37,7 +37,6 @@ BUDGET_KEYS = (
     "data.test_mode",
     "clients",
     "participation",
-    "rounds",
     "train.local_epochs",
     "train.batch_size",
     "train.lr",
@@ -84,7 +83,7 @@ def _budget(suite_dir: Path, summary: dict[str, Any]) -> list[str]:
     base = yaml_safe_load(suite_dir / "suite.yaml").get("base", {})
     rounds = sorted({r for c in summary["configs"] for r in c["rounds"]})
     seeds = sorted({s for c in summary["configs"] for s in c["seeds"]})
-    shown = [f"`{k}={base[k]}`" for k in BUDGET_KEYS if k in base and k != "rounds"]
+    shown = [f"`{k}={base[k]}`" for k in BUDGET_KEYS if k in base]
     out = [
         f"- rounds run: {', '.join(map(str, rounds))} (the suite file's are in its header; "
         "a row with fewer stopped early)",
@@ -175,8 +174,8 @@ def publish(
 
 
 def write_index(results_dir: str | os.PathLike[str]) -> Path:
-    """``results_dir/README.md``: a line per published page below it (its suite, description,
-    rows, seeds and rounds), from each page's ``summary.json``."""
+    """``results_dir/README.md``: a line per published page below it (its suite, rows, seeds and
+    rounds), from each page's ``summary.json``."""
     root = Path(results_dir)
     lines = [
         "# Results",
