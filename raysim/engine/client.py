@@ -42,6 +42,7 @@ class ClientRuntime(ClientWorkspace):
         super().__init__(cfg, data, adapt=algo.adapt_model)
         self.algo = algo
         self._gtest: tuple[torch.Tensor, torch.Tensor] | None = None  # G-Test on the device, for analyses
+        self._feature_x: torch.Tensor | None = None  # eval.features' fixed G-Test sample, on the device
 
     def warm_up(self) -> None:
         """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
@@ -149,8 +150,8 @@ class ClientRuntime(ClientWorkspace):
             DRIFT_KEYS,
             ClassStats,
             drift_split,
+            feature_analysis,
             feature_drift,
-            sample_analysis,
         )
         from raysim.toolkit.features import extract_features
 
@@ -159,7 +160,8 @@ class ClientRuntime(ClientWorkspace):
             self._gtest = self.gather(data.gtest, np.arange(len(data.gtest)))
         x, y = self._gtest
         bs = self.cfg.eval.batch_size
-        correct, align, norm = sample_analysis(self.model, x, y, bs)
+        local_f = extract_features(self.model, x, bs)  # one pass, for the values and the drift
+        correct, align, norm = feature_analysis(self.model, local_f, y, bs)
         stats = ClassStats.of(data.gtest.y, correct, align, norm, data.num_classes)
         observed = np.bincount(data.train.y[data.client_train[cid]], minlength=data.num_classes) > 0
         out = {f"local_{k}": v for k, v in stats.split(observed).items()}
@@ -167,9 +169,8 @@ class ClientRuntime(ClientWorkspace):
         if self.received is not None:  # FedDr+'s Fig. 4: from the received model to the local one
             start = self.scratch_model("received")
             start.load_state_dict(self.received)
-            local_f = extract_features(self.model, x, bs).cpu().numpy()
             start_f = extract_features(start, x, bs).cpu().numpy()
-            drift = drift_split(data.gtest.y, feature_drift(local_f, start_f), observed)
+            drift = drift_split(data.gtest.y, feature_drift(local_f.cpu().numpy(), start_f), observed)
         return {**out, **{f"local_{k}": v for k, v in drift.items()}}
 
     def evaluate(
@@ -220,12 +221,13 @@ class ClientRuntime(ClientWorkspace):
     def _sample_features(self, model: Any) -> np.ndarray:
         """The features f(x) (:func:`raysim.toolkit.features.representation`) of ``eval.features``'
         fixed G-Test sample (:func:`raysim.results.features.feature_sample`) under ``model``."""
-        from raysim.results.features import feature_sample
         from raysim.toolkit.features import extract_features
 
-        idx = feature_sample(self.cfg, len(self.data.gtest))
-        x, _ = self.gather(self.data.gtest, idx)
-        out: np.ndarray = extract_features(model, x, self.cfg.eval.batch_size).cpu().numpy()
+        if self._feature_x is None:  # gathered once: the sample is the run's
+            from raysim.results.features import feature_sample
+
+            self._feature_x, _ = self.gather(self.data.gtest, feature_sample(self.cfg, len(self.data.gtest)))
+        out: np.ndarray = extract_features(model, self._feature_x, self.cfg.eval.batch_size).cpu().numpy()
         return out
 
     def _correct_on(self, forward: Any, ds: ArrayDataset, idx: np.ndarray, batch_size: int) -> np.ndarray:

@@ -94,22 +94,26 @@ def sample_analysis(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sample: whether the global path head(f(x)) predicts y, cos(f(x), v_y) and ||f(x)||, f the
     head's input and v_y the head's row for y; in eval mode, without gradients."""
+    from raysim.toolkit.features import extract_features
+
+    return feature_analysis(model, extract_features(model, x, batch_size), y, batch_size)
+
+
+def feature_analysis(
+    model: SplitModel, f: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`sample_analysis` from the features f(x) already extracted (in batches of
+    ``batch_size``, the head applied batch by batch as there)."""
     import torch
     import torch.nn.functional as F
 
-    from raysim.toolkit.features import representation
-
-    was_training = model.training
-    model.eval()
     correct, align, norm = [], [], []
     with torch.inference_mode():
-        for start in range(0, x.shape[0], batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-            f = representation(model, xb)
-            correct.append(model.head(f).argmax(dim=1) == yb)
-            align.append(F.cosine_similarity(f, model.head.weight.index_select(0, yb), dim=1))
-            norm.append(torch.linalg.vector_norm(f, dim=1))
-    model.train(was_training)
+        for start in range(0, f.shape[0], batch_size):
+            fb, yb = f[start : start + batch_size], y[start : start + batch_size]
+            correct.append(model.head(fb).argmax(dim=1) == yb)
+            align.append(F.cosine_similarity(fb, model.head.weight.index_select(0, yb), dim=1))
+            norm.append(torch.linalg.vector_norm(fb, dim=1))
     if not correct:
         return np.zeros(0, bool), np.zeros(0, np.float32), np.zeros(0, np.float32)
     return (
@@ -158,6 +162,7 @@ __all__ = [
     "SPLIT_KEYS",
     "ClassStats",
     "drift_split",
+    "feature_analysis",
     "feature_drift",
     "mean_over_clients",
     "sample_analysis",

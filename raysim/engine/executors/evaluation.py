@@ -83,16 +83,19 @@ def assemble_report(
         )
         for c in range(data.num_clients)
     )
-    features = [f for part in parts for f in part.features]
-    order = {name: (name != "global", int(name.rpartition("_")[2]) if name != "global" else -1) for name, _ in features}
+    features = [f for part in parts for f in part.features]  # the global model's, then client by client
     return EvalReport(
         clients,
         int(bits["gtest"].sum()) if has_global else None,
         len(data.gtest),
         gm_class_acc=class_acc,
-        features=tuple(sorted(features, key=lambda f: order[f[0]])),
+        features=tuple(sorted(features, key=_feature_order)),
     )
 
+
+def _feature_order(feature: tuple[str, object]) -> int:
+    name = feature[0]
+    return -1 if name == "global" else int(name.removeprefix("client_"))
 
 
 def validated(stats: RoundStats, rnd: int, measure: Callable[[int], float]) -> RoundStats:
