@@ -305,18 +305,16 @@ def write_report(
     return [report, *pngs]
 
 
-__all__ = ["DEFAULT_METRICS", "MISSING", "Run", "available_metrics", "band_plot", "check_metric_names", "comparison_table", "default_labels", "load_run", "load_runs", "plot_loss", "plot_metric", "suite_table", "write_report", "write_suite_report"]
-
-
 # --------------------------------------------------------------------------------------------------
 # suites (raysim.suite)
 
 
 def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
-    """A markdown table, one row per configuration: its seeds and, per metric, the mean ± std over
-    seeds of the final value and of the last-k mean, and the mean best; the paper's figure beside."""
+    """A markdown table, one row per configuration: its seeds, the rounds its trials ran and, per
+    metric, the mean ± std over seeds of the final value and of the last-k mean, and the mean best;
+    the paper's figure beside."""
     present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
-    header = ["configuration", "seeds"]
+    header = ["configuration", "seeds", "rounds"]
     for m in present:
         header += [f"{m} final", f"{m} last k", f"{m} best"]
     by_name = {c["config"]: c for c in summary["configs"]}
@@ -326,7 +324,7 @@ def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRIC
     header.append("paper")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in summary["configs"]:
-        cells = [_md(c["config"]), str(len(c["seeds"]))]
+        cells = [_md(c["config"]), str(len(c["seeds"])), ", ".join(map(str, c.get("rounds", [])))]
         for m in present:
             cells += [
                 _pm(c["mean"].get(m), c["std"].get(m)),
@@ -422,3 +420,22 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
     report = out / REPORT_NAME
     report.write_text(text)
     return [report, *pngs]
+
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "MISSING",
+    "Run",
+    "available_metrics",
+    "band_plot",
+    "check_metric_names",
+    "comparison_table",
+    "default_labels",
+    "load_run",
+    "load_runs",
+    "plot_loss",
+    "plot_metric",
+    "suite_table",
+    "write_report",
+    "write_suite_report",
+]

@@ -20,12 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.results.report import DEFAULT_METRICS, MISSING, band_plot
+from raysim.results.report import DEFAULT_METRICS, band_plot, suite_table
 
 PAGE = "README.md"
 NOTES = "notes.md"
@@ -43,44 +42,7 @@ BUDGET_KEYS = (
 )
 
 
-def pm(mean: float | None, std: float | None) -> str:
-    """A mean ± std of accuracies in %, two decimals; ``MISSING`` for none."""
-    if mean is None:
-        return MISSING
-    return f"{100 * mean:.2f} ± {100 * (std or 0.0):.2f}"
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|") if text not in (None, "") else MISSING
-
-
-def results_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
-    """The page's table: per configuration its seeds, rounds, the final and last-k mean ± std and
-    the mean best of each metric any configuration has, and the paper's figure."""
-    present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
-    header = ["configuration", "seeds", "rounds"]
-    for m in present:
-        header += [f"{m} final", f"{m} last-k", f"{m} best"]
-    header.append("paper")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for c in summary["configs"]:
-        cells = [_cell(c["config"]), str(len(c["seeds"])), ", ".join(map(str, c["rounds"]))]
-        for m in present:
-            best = c["best_mean"].get(m)
-            cells += [
-                pm(c["mean"].get(m), c["std"].get(m)),
-                pm(c["last_mean"].get(m), c["last_std"].get(m)),
-                MISSING if best is None else f"{100 * best:.2f}",
-            ]
-        cells.append(_cell(c.get("paper")))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _budget(suite_dir: Path, summary: dict[str, Any]) -> list[str]:
-    from raysim.suite.results import yaml_safe_load
-
-    base = yaml_safe_load(suite_dir / "suite.yaml").get("base", {})
+def _budget(base: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     rounds = sorted({r for c in summary["configs"] for r in c["rounds"]})
     seeds = sorted({s for c in summary["configs"] for s in c["seeds"]})
     shown = [f"`{k}={base[k]}`" for k in BUDGET_KEYS if k in base]
@@ -143,7 +105,8 @@ def publish(
     ]
     from raysim.suite.results import yaml_safe_load
 
-    description = yaml_safe_load(src / "suite.yaml").get("description", "")
+    spec = yaml_safe_load(src / "suite.yaml")
+    description = spec.get("description", "")
     parts = [
         f"# {summary['suite']}",
         "",
@@ -152,17 +115,17 @@ def publish(
         f"(hand-written notes go in `{NOTES}`, which publishing again keeps).",
         "",
         "## Budget",
-        *_budget(src, summary),
+        *_budget(spec.get("base", {}), summary),
         f"- code: {'commit `' + commit + '`' if commit else 'commit not recorded'}",
         *_wall_time(src),
         "",
         "## Results",
         "",
         "Accuracies in %, mean ± std over seeds: the value after the last round (final) and the mean "
-        "of the last k evaluations (last-k); best is the mean over seeds of each seed's highest "
+        "of the last k evaluations (last k); best is the mean over seeds of each seed's highest "
         "evaluated value. The paper's figure is as the suite file quotes it.",
         "",
-        results_table(summary),
+        suite_table(summary),
     ]
     if pngs:
         parts += ["## Curves", "", *(f"![{p.stem}]({p.name})" for p in pngs), ""]
@@ -200,4 +163,4 @@ def write_index(results_dir: str | os.PathLike[str]) -> Path:
     return index
 
 
-__all__ = ["NOTES", "PAGE", "pm", "publish", "results_table", "write_index"]
+__all__ = ["NOTES", "PAGE", "publish", "write_index"]
