@@ -92,11 +92,10 @@ class Experiment:
         return self.algorithm(self.cfg, self.params)
 
 
-def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks] | None = None) -> Any:
-    """The algorithm's typed, frozen config from ``cfg.algo_params`` (unknown keys rejected),
-    checked against the rest of ``cfg``. ``algo.lambda`` sets the field ``lam``, and the class's
-    ``aliases`` name other fields. ``cls``: the algorithm's class, if already looked up."""
-    cls = cls if cls is not None else algorithm_class(cfg.algo)
+def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks]) -> Any:
+    """The typed, frozen config of the algorithm class ``cls`` from ``cfg.algo_params`` (unknown
+    keys rejected), checked against the rest of ``cfg``. ``algo.lambda`` sets the field ``lam``,
+    and the class's ``aliases`` name other fields."""
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
     # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
