@@ -13,6 +13,7 @@ from algorithms.base import Algorithm, register
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching, train_received
 from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.presum import Presum
 from raysim.capabilities.regularizers import Regularizable
 from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import GLOBAL_PARTS, ModelWeights
@@ -52,6 +53,9 @@ class AveragedWeights(Algorithm[GlobalState]):
     pinned = False
     #: deployment.mode=async: every client starts from the shared weights, averaged back
     asynchronous = Asynchronous()
+    #: the aggregate is the size-weighted mean of every upload: the Ray executor may sum a round's
+    #: uploads on the workers (in the cross-device regime: raysim.capabilities.presum)
+    presum = Presum()
 
     def init(self, ctx: ServerContext) -> GlobalState:
         return GlobalState(ctx.init_weights.select(self.shared_parts))

@@ -64,6 +64,10 @@ class JobResult:
 
     job: Job
     results: tuple[ClientResult, ...]
+    #: the float64 sum of its block's uploads, computed where they were trained, on the first job of
+    #: each block of a round summed on the workers (raysim.capabilities.presum); those jobs' results
+    #: then carry no weights
+    presum: ModelWeights | None = None
 
     @property
     def final(self) -> ClientResult:

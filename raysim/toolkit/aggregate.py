@@ -1,6 +1,8 @@
 """Aggregation as plain functions on :class:`~raysim.weights.ModelWeights`.
 
 Sums run in float64 in the order given, so the result does not depend on which worker trained what.
+A round's uploads are averaged in blocks of :data:`~raysim.capabilities.presum.SUM_BLOCK` jobs
+(:func:`average_uploads`), which the Ray executor may sum on the workers that trained them.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from raysim.capabilities.presum import SUM_BLOCK
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult
 
@@ -55,11 +58,52 @@ def apply_updates(
     return map_parts(step, base, *updates)
 
 
+def upload_coefficients(sizes: Sequence[int]) -> np.ndarray:
+    """Each upload's c_k = n_k / sum_k n_k, in float64, from the jobs' final clients' sizes."""
+    c = np.asarray(sizes, dtype=np.float64)
+    total = c.sum()
+    if total <= 0:
+        raise ValueError("coefficients must sum to a positive number")
+    out: np.ndarray = c / total
+    return out
+
+
+def block_sum(weights: Sequence[ModelWeights], coeffs: Sequence[float] | np.ndarray) -> ModelWeights:
+    """sum_k c_k w_k in float64 (kept in float64), from zero in the order given: one block of a
+    round's sum, wherever it is computed. (Each c_k is a float64 scalar: with a Python float,
+    NumPy would multiply in the float32 of the weights.)"""
+    c = np.asarray(coeffs, dtype=np.float64)
+
+    def acc_of(*arrays: np.ndarray) -> np.ndarray:
+        acc = np.zeros(arrays[0].shape, dtype=np.float64)
+        term = np.empty_like(acc)
+        for ck, a in zip(c, arrays, strict=True):
+            np.multiply(a, ck, out=term)
+            acc += term
+        return acc
+
+    return map_parts(acc_of, *weights)
+
+
 def average_uploads(results: Sequence[JobResult]) -> ModelWeights:
     """The uploaded weights of each job's final client, averaged by training-set size
-    (FedAvg's w = sum_k n_k/n w_k, McMahan et al. 2017)."""
-    finals = [jr.final for jr in results]
-    uploads = [r.weights for r in finals if r.weights is not None]
-    if len(uploads) != len(finals):
-        raise ValueError("every client must upload weights to be averaged")
-    return weighted_mean(uploads, [r.num_samples for r in finals])
+    (FedAvg's w = sum_k n_k/n w_k, McMahan et al. 2017).
+
+    Summed in blocks of ``SUM_BLOCK`` consecutive jobs: each block from zero in job order (or the
+    block's sum a worker computed, its first job's ``presum``), then the blocks in order. A round of
+    at most ``SUM_BLOCK`` uploads is :func:`weighted_mean`'s flat sum, bit for bit."""
+    if len(results) == 0:
+        raise ValueError("nothing to average")
+    c = upload_coefficients([jr.final.num_samples for jr in results])
+    total: ModelWeights | None = None
+    for b in range(0, len(results), SUM_BLOCK):
+        block = results[b : b + SUM_BLOCK]
+        part = block[0].presum
+        if part is None:
+            uploads = [jr.final.weights for jr in block]
+            if any(u is None for u in uploads):
+                raise ValueError("every client must upload weights to be averaged")
+            part = block_sum([u for u in uploads if u is not None], c[b : b + SUM_BLOCK])
+        total = part if total is None else map_parts(np.add, total, part)
+    assert total is not None
+    return map_parts(lambda a: a.astype(np.float32), total)

@@ -45,79 +45,11 @@ WORKLOAD = dict(
 
 
 def plain_loop() -> None:
-    """The baseline, run in a child process: FedAvg as a plain PyTorch loop."""
+    """The baseline, run in a child process: FedAvg as a plain PyTorch loop (:mod:`plain`)."""
     t_start = time.perf_counter()
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
+    from plain import plain_fedavg
 
-    from raysim import rng
-    from raysim.config import DataConfig
-    from raysim.data import build_federated_data
-    from raysim.models import build_model
-
-    w = WORKLOAD
-    torch.set_num_threads(os.cpu_count() or 1)
-    data = build_federated_data(
-        DataConfig(dataset="fmnist", partition=str(w["partition"])), int(w["clients"]), int(w["seed"])
-    )
-    y_all = torch.from_numpy(data.train.y)
-    model = build_model(
-        "cnn3p2_fmnist", data.train.input_shape, data.num_classes, rng.int_seed(int(w["seed"]), "init")
-    )
-    params = [p for part in (model.extractor, model.filter, model.head) for p in part.parameters()]
-    global_state = [p.detach().clone() for p in params]
-    # the same warm-up raysim's workers do at start-up: one throwaway step on a copy of the model
-    import copy
-
-    warm = copy.deepcopy(model)
-    warm_opt = torch.optim.SGD(warm.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
-    F.cross_entropy(
-        warm(torch.zeros(int(w["batch"]), *data.train.input_shape)),
-        torch.zeros(int(w["batch"]), dtype=torch.long),
-    ).backward()
-    warm_opt.step()
-    t_rounds = time.perf_counter()
-    for rnd in range(1, int(w["rounds"]) + 1):
-        sampled = rng.sample_clients(int(w["seed"]), rnd, int(w["clients"]), int(w["per_round"]))
-        lr = float(w["lr"]) * 0.99 ** (rnd - 1)
-        sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-        total = 0
-        for c in sampled:
-            idx = torch.from_numpy(data.client_train[c])
-            x, y = torch.from_numpy(data.train.features(data.client_train[c])), y_all[idx]
-            with torch.no_grad():
-                for p, g in zip(params, global_state, strict=True):
-                    p.copy_(g)
-            opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-5)
-            for epoch in range(int(w["epochs"])):
-                g = torch.Generator().manual_seed(rng.int_seed(int(w["seed"]), f"shuffle/{epoch}", rnd, c))
-                order = torch.randperm(x.shape[0], generator=g)
-                for s in range(0, x.shape[0], int(w["batch"])):
-                    b = order[s : s + int(w["batch"])]
-                    opt.zero_grad()
-                    F.cross_entropy(model(x[b]), y[b]).backward()
-                    opt.step()
-            n = x.shape[0]
-            total += n
-            for acc, p in zip(sums, params, strict=True):
-                acc += n * p.detach().double()
-        global_state = [(acc / total).float() for acc in sums]
-        if os.environ.get("BENCH_VERBOSE"):
-            print(f"round {rnd}: {time.perf_counter() - t_rounds:.3f}", file=sys.stderr)
-    rounds_s = time.perf_counter() - t_rounds
-    with torch.no_grad():
-        for p, g in zip(params, global_state, strict=True):
-            p.copy_(g)
-        model.eval()
-        x_test = torch.from_numpy(data.gtest.features())
-        pred = torch.cat([model(x_test[i : i + 500]).argmax(1) for i in range(0, len(data.gtest), 500)])
-    acc = float((pred.numpy() == data.gtest.y).mean())
-    print(
-        json.dumps({"rounds_s": rounds_s, "gm_gtest": acc, "in_process_s": time.perf_counter() - t_start}),
-        flush=True,
-    )
-    del np
+    print(json.dumps(plain_fedavg({**WORKLOAD, "model": "cnn3p2_fmnist"}, t_start)), flush=True)
 
 
 def raysim_cmd(workers: int, out: str, batch_clients: int = 1) -> list[str]:

@@ -12,8 +12,12 @@ from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.errors import ConfigError
 from raysim.records import EvalPart, EvalTarget, RoundStats
+from raysim.toolkit.aggregate import block_sum
 from raysim.weights import ModelWeights
 from raysim.wire import ClientStats, Job, JobResult
+
+#: a block of a round's sum on a worker: its jobs' positions in the call and their coefficients
+Block = tuple[Sequence[int], Sequence[float]]
 
 if TYPE_CHECKING:
     from raysim.toolkit.context import ClientMemory
@@ -49,22 +53,39 @@ class ClientWorker:
         return self.index
 
     def run_chain(
-        self, rnd: int, clients: Sequence[int], payload: Any, prev: Any
+        self, rnd: int, clients: Sequence[int], payload: Any, prev: Any, index: int | None = None
     ) -> tuple[list[Any], dict[int, ClientMemory], int]:
         """Called with ``num_returns=3``: the segment's results, its clients' memories as they
         leave it, and the number of results (a small object the driver reads to learn that the
-        segment succeeded, without fetching the rest)."""
+        segment succeeded, without fetching the rest). ``prev``: the segment before's results, or
+        (with ``index``) the bundle of the ``run_jobs`` call that trained it."""
+        if index is not None:
+            prev = prev[0][index]
         last = prev[-1] if prev else None
         results = self.runtime.run_chain(rnd, clients, payload, last)
         return results, self.runtime.export_states(clients), len(results)
 
-    def run_jobs(self, rnd: int, jobs: Sequence[tuple[Sequence[int], int]], *payloads: Any) -> tuple[Any, ...]:
+    def run_jobs(
+        self, rnd: int, jobs: Sequence[tuple[Sequence[int], int]], sums: Sequence[Block], *payloads: Any
+    ) -> tuple[Any, dict[int, ClientMemory], int]:
         """Chains that start from a payload (no earlier segment), ``(clients, k)`` each, trained
-        from ``payloads[k]`` on the job slots. Called with ``num_returns=len(jobs) + 2``: each
-        job's results, the clients' memories as they leave, and the number of results."""
+        from ``payloads[k]`` on the job slots. Called with ``num_returns=3``: a bundle of each job's
+        results and the sums of the blocks in ``sums`` (each the positions of its jobs among
+        ``jobs`` and their coefficients: :mod:`raysim.capabilities.presum`; their uploads are
+        left out of the results), the clients' memories as they leave, and the number of
+        results. One object for the call's results, not one per job: a round of hundreds of
+        one-step clients would otherwise put hundreds into the object store."""
         results = self.slots.run_jobs(rnd, [(clients, payloads[k]) for clients, k in jobs])
+        partials = []
+        for positions, coeffs in sums:
+            uploads = [results[i][-1].weights for i in positions]
+            if any(u is None for u in uploads):
+                raise ValueError("every client must upload weights to be averaged")
+            partials.append(block_sum([u for u in uploads if u is not None], coeffs))
+            for i in positions:
+                results[i][-1] = dataclasses.replace(results[i][-1], weights=None)
         clients = [c for chain, _ in jobs for c in chain]
-        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
+        return (results, partials), self.runtime.export_states(clients), sum(len(r) for r in results)
 
     def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, ...]:
         """Called with ``num_returns=len(chains) + 2``: each job's results (one segment, what the
@@ -118,15 +139,32 @@ class ServerActor:
             out.append(dataclasses.replace(job, payload=refs[key]))
         return out
 
-    def aggregate(self, rnd: int, segment_refs: Sequence[Sequence[Any]]) -> tuple[RoundStats, Any]:
+    def aggregate(
+        self, rnd: int, segments: Sequence[Sequence[Any]], presums: dict[int, tuple[Any, int]]
+    ) -> tuple[RoundStats, Any]:
         """Called with ``num_returns=2``: the round's statistics and the new server state (kept
-        by the driver as the last good state)."""
+        by the driver as the last good state). ``segments``: per planned job, its segments'
+        results, each an ObjectRef of them or ``(ref of a run_jobs bundle, position)``;
+        ``presums``: the blocks summed on the workers, by their first job (a bundle's ref and the
+        block's place in it). Every object is fetched in one ``ray.get``."""
         import ray
 
+        refs = {ref: None for ref in ray_refs(segments, presums)}
+        values = dict(zip(refs, ray.get(list(refs)), strict=True))
+
+        def value(piece: Any) -> Any:
+            if isinstance(piece, tuple):
+                return values[piece[0]][0][piece[1]]
+            return values[piece]
+
         results = []
-        for job, refs in zip(self._jobs, segment_refs, strict=True):
-            links = [r for seg in ray.get(list(refs)) for r in seg]
-            results.append(JobResult(job, tuple(links)))
+        for j, (job, pieces) in enumerate(zip(self._jobs, segments, strict=True)):
+            links = [r for piece in pieces for r in value(piece)]
+            presum = None
+            if j in presums:
+                ref, k = presums[j]
+                presum = values[ref][1][k]
+            results.append(JobResult(job, tuple(links), presum))
         return self.host.aggregate(rnd, results), self.host.saved
 
     def eval_payload(self) -> Any:
@@ -146,6 +184,12 @@ class ServerActor:
         self.host.restore(state)
 
 
+def ray_refs(segments: Sequence[Sequence[Any]], presums: dict[int, tuple[Any, int]]) -> list[Any]:
+    """The ObjectRefs that ``ServerActor.aggregate``'s arguments name, each once, in order."""
+    out = [piece[0] if isinstance(piece, tuple) else piece for pieces in segments for piece in pieces]
+    return list(dict.fromkeys([*out, *(ref for ref, _ in presums.values())]))
+
+
 def config_errors_first(refs: Sequence[Any]) -> Any:
     """``ray.get(refs)``, raising a ConfigError that a task raised as itself (bad input found where
     the model is built), not wrapped in Ray's task error."""
@@ -159,4 +203,4 @@ def config_errors_first(refs: Sequence[Any]) -> Any:
         raise
 
 
-__all__ = ["ClientWorker", "ServerActor", "config_errors_first"]
+__all__ = ["Block", "ClientWorker", "ServerActor", "config_errors_first", "ray_refs"]

@@ -55,4 +55,12 @@ def place_jobs(jobs: Sequence[Job], home: Sequence[int], sizes: Sequence[int], w
     return placed
 
 
-__all__ = ["Segment", "lpt_assign", "place_jobs"]
+def place_blocks(jobs: Sequence[Job], sizes: Sequence[int], workers: int, block: int) -> list[list[Segment]]:
+    """Unpinned jobs in blocks of ``block`` consecutive jobs, each block whole on the worker the
+    round's longest-first balancing gives it (a block's jobs are then summed on that worker)."""
+    costs = [float(sum(sizes[c] for job in jobs[b : b + block] for c in job.clients)) for b in range(0, len(jobs), block)]
+    where = lpt_assign(costs, workers)
+    return [[(where[j // block], 0, len(job.clients))] for j, job in enumerate(jobs)]
+
+
+__all__ = ["Segment", "lpt_assign", "place_blocks", "place_jobs"]

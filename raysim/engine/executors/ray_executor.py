@@ -23,10 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysim.capabilities.batching import Batching
+from raysim.capabilities.presum import PRESUM_MIN_JOBS, SUM_BLOCK, Presum
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.engine.executors import session
-from raysim.engine.executors.actors import ServerActor, config_errors_first
+from raysim.engine.executors.actors import Block, ServerActor, config_errors_first
 from raysim.engine.executors.base import DataLoader
 from raysim.engine.executors.evaluation import (
     accuracy_of,
@@ -41,6 +42,7 @@ from raysim.engine.executors.recovery import WorkerPool, server_get
 from raysim.engine.executors.schedule import BatchCall, Call, JobsCall, RoundPlan, next_wave, plan_round
 from raysim.engine.experiment import Experiment
 from raysim.records import EvalReport, RoundStats, Snapshot
+from raysim.toolkit.aggregate import upload_coefficients
 from raysim.wire import ClientStats, Job
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class RayExecutor:
         algo_cls = exp.algorithm
         self.has_global = algo_cls.has_global_model
         self.batch_pinned = Batching.of(algo_cls).pinned
+        self.presum = Presum.applies(algo_cls, cfg)  # uploads summed on the workers, in blocks
+        self._coeffs: Any = None  # this round's upload coefficients, when its blocks are summed on the workers
+        self._presums: dict[int, tuple[Any, int]] = {}  # this round's worker sums, by their block's first job
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
@@ -134,9 +139,22 @@ class RayExecutor:
         import ray
 
         planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
-        plan = plan_round(
-            planned, self.cfg.train.batch_clients, self.batch_pinned, self.pool.home, self.sizes, self.num_workers
+        blocked = (
+            self.presum
+            and len(planned) >= PRESUM_MIN_JOBS
+            and all(not j.pinned and len(j.clients) == 1 for j in planned)
         )
+        plan = plan_round(
+            planned,
+            self.cfg.train.batch_clients,
+            self.batch_pinned,
+            self.pool.home,
+            self.sizes,
+            self.num_workers,
+            block=SUM_BLOCK if blocked else None,
+        )
+        self._coeffs = upload_coefficients([self.sizes[j.clients[-1]] for j in planned]) if blocked else None
+        self._presums = {}
         results: list[list[Any]] = [[None] * len(segs) for segs in plan.placement]
         done: set[tuple[int, int]] = set()
         homecoming: list[Any] = []
@@ -159,7 +177,9 @@ class RayExecutor:
                         homecoming += self._send_home(m.worker, m.clients, states)
             if failure is not None:
                 self.pool.recover(failure, self.server)
-        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, plan.per_planned_job(results))
+        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(
+            rnd, plan.per_planned_job(results), self._presums
+        )
         stats: RoundStats = server_get(stats_ref)
         ray.get(homecoming)
         self.server_state = state_ref
@@ -172,10 +192,13 @@ class RayExecutor:
         if isinstance(call, JobsCall):  # first segments, each from its job's payload
             payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))  # each once
             specs = [(m.clients, payloads.index(plan.jobs[m.unit].payload)) for m in call.members]
-            refs = worker.run_jobs.options(num_returns=len(specs) + 2).remote(rnd, specs, *payloads)
-            for m, res in zip(call.members, refs[:-2], strict=True):
-                results[m.unit][m.segment] = res
-            return refs[-2], refs[-1]
+            firsts, sums = self._blocks(plan, call)
+            bundle, states, count = worker.run_jobs.options(num_returns=3).remote(rnd, specs, sums, *payloads)
+            for i, m in enumerate(call.members):
+                results[m.unit][m.segment] = (bundle, i)
+            for k, first in enumerate(firsts):
+                self._presums[first] = (bundle, k)
+            return states, count
         m = call.member
         if isinstance(call, BatchCall):
             if call.pinned:  # the members' memories from their homes, before the batch
@@ -185,11 +208,32 @@ class RayExecutor:
             )
             results[m.unit][m.segment] = list(refs[:-2])
             return refs[-2], refs[-1]
-        res, states, count = worker.run_chain.options(num_returns=3).remote(  # from the segment before
-            rnd, m.clients, plan.jobs[m.unit].payload, results[m.unit][m.segment - 1]
+        prev = results[m.unit][m.segment - 1]  # the segment before: a ref, or a bundle's and a place in it
+        prev_ref, index = prev if isinstance(prev, tuple) else (prev, None)
+        res, states, count = worker.run_chain.options(num_returns=3).remote(
+            rnd, m.clients, plan.jobs[m.unit].payload, prev_ref, index
         )
         results[m.unit][m.segment] = res
         return states, count
+
+    def _blocks(self, plan: RoundPlan, call: JobsCall) -> tuple[list[int], list[Block]]:
+        """The blocks of the round's sum that ``call`` holds whole (:mod:`~raysim.capabilities.presum`),
+        to sum on its worker: each block's first planned job, and each block's positions in the
+        call with their coefficients. None unless the round is summed on the workers."""
+        if self._coeffs is None:
+            return [], []
+        by_block: dict[int, list[int]] = {}
+        for i, m in enumerate(call.members):
+            by_block.setdefault(plan.units[m.unit][0] // SUM_BLOCK, []).append(i)
+        firsts: list[int] = []
+        sums: list[Block] = []
+        for b, positions in sorted(by_block.items()):
+            planned = [plan.units[call.members[i].unit][0] for i in positions]
+            if planned != list(range(b * SUM_BLOCK, min((b + 1) * SUM_BLOCK, len(plan.planned)))):
+                continue  # not whole here, or not in plan order: the server sums it
+            firsts.append(b * SUM_BLOCK)
+            sums.append((positions, [float(self._coeffs[j]) for j in planned]))
+        return firsts, sums
 
     def _bring(self, w: int, clients: Sequence[int]) -> None:
         """Worker ``w`` takes the latest memories of those of ``clients`` whose home is elsewhere

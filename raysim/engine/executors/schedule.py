@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysim.capabilities.batching import batch_units
-from raysim.engine.executors.placement import place_jobs
+from raysim.engine.executors.placement import place_blocks, place_jobs
 from raysim.wire import Job
 
 
@@ -125,16 +125,22 @@ def plan_round(
     home: Sequence[int],
     sizes: Sequence[int],
     workers: int,
+    block: int | None = None,
 ) -> RoundPlan:
     """The round's units (``batch_clients`` jobs at most trained together; pinned ones only where
     the algorithm's ``Batching.pinned``) and where each runs: an unpinned batch where the round's load
-    is lightest, a pinned one whole on its first client's home worker."""
+    is lightest, a pinned one whole on its first client's home worker. With ``block``, a round of
+    unpinned jobs is placed in blocks of that many consecutive jobs, each whole on one worker (to
+    be summed there: :mod:`~raysim.capabilities.presum`)."""
     units = batch_units(planned, batch_clients, batch_pinned)
     jobs = [
         planned[u[0]] if len(u) == 1 else Job(tuple(c for j in u for c in planned[j].clients), planned[u[0]].payload)
         for u in units
     ]
-    placement = place_jobs(jobs, home, sizes, workers)
+    if block is not None and all(len(u) == 1 and not planned[u[0]].pinned for u in units):
+        placement = place_blocks(jobs, sizes, workers, block)
+    else:
+        placement = place_jobs(jobs, home, sizes, workers)
     pinned_batch = [len(u) > 1 and planned[u[0]].pinned for u in units]
     for u, pinned in enumerate(pinned_batch):
         if pinned:

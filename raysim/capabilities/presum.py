@@ -1,0 +1,62 @@
+"""Summing a round's uploads where they were trained (issue 29): the client workers send the server
+partial sums instead of every client's weights.
+
+In the cross-device regime a round has hundreds of one-step clients, and every one of them would
+send its whole model through the object store to the server, which reads them all and averages
+them. An algorithm whose aggregate is exactly the size-weighted mean of every job's upload
+(:func:`raysim.toolkit.aggregate.average_uploads`) declares ``presum = Presum()``; then its rounds'
+uploads are summed in *blocks*: :data:`SUM_BLOCK` consecutive jobs of the plan, each block's
+``sum_k c_k w_k`` in float64 in plan order, and the blocks' sums added in plan order. The blocks
+depend on the plan alone, so every executor computes the same sums in the same order, and serial
+and Ray runs give the same numbers bit for bit. The serial executor sums each block itself; the Ray
+executor places each block whole on one worker, which sums it there and returns the block's sum
+with its clients' results, their weights left out (:class:`raysim.wire.JobResult`'s ``presum``).
+
+It applies where the round has nothing else to do with the uploads: the class's ``aggregate`` is
+the one that declared it (a subclass with its own aggregate has no ``Presum``), the jobs are
+unpinned single clients, training is one by one (``train.batch_clients`` 1) and the deployment is
+ideal (a deployment that loses or drops updates chooses them after training, on the server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysim.capabilities.declared import Capability
+from raysim.config import ExperimentConfig
+
+#: jobs in one block of a round's sum (a round of at most this many uploads is one flat sum)
+SUM_BLOCK = 8
+#: the Ray executor sums on the workers when a round has at least this many jobs (with fewer, the
+#: uploads are few and the blocks would balance the workers poorly)
+PRESUM_MIN_JOBS = 4 * SUM_BLOCK
+
+
+@dataclass(frozen=True)
+class Presum(Capability):
+    """Declared on the class whose ``aggregate`` averages every upload by training-set size."""
+
+    owner: Any = field(default=None, compare=False)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        object.__setattr__(self, "owner", owner)
+
+    @classmethod
+    def applies(cls, algorithm: Any, cfg: ExperimentConfig) -> bool:
+        """Whether ``algorithm``'s rounds (class or object) may be summed on the workers under ``cfg``."""
+        from raysim.deployment.model import apply_preset
+
+        klass = algorithm if isinstance(algorithm, type) else type(algorithm)
+        found = cls.of(klass)
+        return (
+            found is not None
+            and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+            and bool(getattr(klass, "shared_parts", ()))
+            and not getattr(klass, "pinned", True)
+            and cfg.train.batch_clients == 1
+            and apply_preset(cfg).deployment.ideal  # a named deployment's settings, where a preset is given
+        )
+
+
+__all__ = ["PRESUM_MIN_JOBS", "SUM_BLOCK", "Presum"]
