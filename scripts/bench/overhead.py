@@ -15,6 +15,11 @@ Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 cl
 Each reports the wall time of its 5 rounds (training only); this script also times the whole process,
 and raysim's summary gives its start-up (process start to the first round) and shutdown (last round
 to the executor stopped) phases, whose medians the last line carries too.
+With ``--attached`` (default on), start-up is also measured attached to a running head: a
+``ray start --head --block`` this script starts on a loopback port (token authentication on, as
+Ray has it by default) and stops at the end, ``raysim_1w`` run against it with ``--address``
+(``--repeats`` runs after one that is not counted: the head's first job pays for its worker pool),
+reported as ``attached_startup_s``; the local runs' start-up is ``raysim_1w_startup_s``.
 Memory is measured in one more run of each program, apart from the timed ones (reading every
 process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
 size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
@@ -78,12 +83,57 @@ def measure(cmd: list[str], sample_memory: bool) -> dict[str, float]:
     return out
 
 
+def attached_startups(repeats: int, tmp: str) -> list[float]:
+    """Start-up (process start to the first round's dispatch) of ``raysim_1w`` joined to a head
+    started here; the first run is not counted."""
+    import socket
+    import subprocess
+
+    from raysim.engine.executors.session import check_reachable
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={os.cpu_count()}", "--block",
+         "--disable-usage-stats", "--include-dashboard=false"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                check_reachable(f"127.0.0.1:{port}", timeout=1)
+                break
+            except Exception:
+                if time.time() > deadline or head.poll() is not None:
+                    raise SystemExit("the Ray head did not start") from None
+                time.sleep(0.5)
+        time.sleep(3)  # the head's agents up
+        out = []
+        os.environ["RAY_AUTH_MODE"] = "token"
+        for i in range(repeats + 1):
+            cmd = [*raysim_cmd(1, str(Path(tmp) / f"attached-{i}")), "--address", f"127.0.0.1:{port}"]
+            startup = measure(cmd, sample_memory=False)["startup_s"]
+            print(f"attached   run {i}: start-up {startup:5.2f} s{' (not counted)' if i == 0 else ''}", flush=True)
+            if i:
+                out.append(startup)
+        return out
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        head.terminate()
+        head.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each program (medians reported)")
     parser.add_argument("--batch-clients", type=int, default=5, help="K of the batched program")
+    parser.add_argument("--no-attached", dest="attached", action="store_false", help="skip the attached start-up")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
@@ -109,6 +159,7 @@ def main() -> None:
                     f"{name:10s} run {i + 1}: rounds {r['rounds_s']:6.2f} s  process {r['process_s']:6.2f} s  gm_gtest {r['gm_gtest']:.4f}",
                     flush=True,
                 )
+        attached = attached_startups(args.repeats, tmp) if args.attached else []
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     for name in med:
         med[name]["peak_mb"] = peaks[name]
@@ -134,6 +185,8 @@ def main() -> None:
     result["ratio_2w_batched"] = round(med["raysim_2w_batched"]["rounds_s"] / plain["rounds_s"], 3)
     result["ratio"] = min(result["ratio_1w"], result["ratio_2w"], result["ratio_2w_batched"])
     result["gm_gtest"] = {name: round(m["gm_gtest"], 4) for name, m in med.items()}
+    if attached:
+        result["attached_startup_s"] = round(statistics.median(attached), 3)
     print(json.dumps(result), flush=True)
 
 
