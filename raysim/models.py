@@ -316,8 +316,21 @@ def build_model(
 
 def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """The floating-point tensors of ``module``'s state (parameters and buffers such as batch-norm
-    statistics), in the order a flat part lays them out."""
-    return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    statistics), in the order a flat part lays them out: ``state_dict``'s order (each module's
+    parameters, then its persistent buffers, then its children's, depth first), read without
+    building a state dict (a client's update loads and reads its parts, issue 29). A model whose
+    modules customise their state dict is read through ``state_dict`` itself."""
+    out: list[torch.Tensor] = []
+    for m in module.modules():
+        if type(m)._save_to_state_dict is not torch.nn.Module._save_to_state_dict or m._state_dict_hooks:
+            return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+        out += [t for t in m._parameters.values() if t is not None and t.is_floating_point()]
+        out += [
+            t
+            for name, t in m._buffers.items()
+            if t is not None and name not in m._non_persistent_buffers_set and t.is_floating_point()
+        ]
+    return out
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:

@@ -25,9 +25,8 @@ from typing import Any
 
 from raysim.capabilities.declared import Capability
 from raysim.config import ExperimentConfig
+from raysim.toolkit.aggregate import SUM_BLOCK
 
-#: jobs in one block of a round's sum (a round of at most this many uploads is one flat sum)
-SUM_BLOCK = 8
 #: the Ray executor sums on the workers when a round has at least this many jobs (with fewer, the
 #: uploads are few and the blocks would balance the workers poorly)
 PRESUM_MIN_JOBS = 4 * SUM_BLOCK

@@ -1,8 +1,8 @@
 """Aggregation as plain functions on :class:`~raysim.weights.ModelWeights`.
 
 Sums run in float64 in the order given, so the result does not depend on which worker trained what.
-A round's uploads are averaged in blocks of :data:`~raysim.capabilities.presum.SUM_BLOCK` jobs
-(:func:`average_uploads`), which the Ray executor may sum on the workers that trained them.
+A round's uploads are averaged in blocks of :data:`SUM_BLOCK` jobs (:func:`average_uploads`),
+which the Ray executor may sum on the workers that trained them (:mod:`raysim.capabilities.presum`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raysim.capabilities.presum import SUM_BLOCK
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult
+
+#: jobs in one block of a round's sum of uploads (a round of at most this many is one flat sum)
+SUM_BLOCK = 8
 
 
 def weighted_mean(weights: Sequence[ModelWeights], coeffs: Sequence[float]) -> ModelWeights:

@@ -68,7 +68,8 @@ def set_trainable(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Para
     for name in PARTS:
         module = model.part(name)
         train = name in parts
-        module.train(train)
+        if any(m.training != train for m in module.modules()):  # (setting a mode costs more than reading it)
+            module.train(train)
         for p in module.parameters():
             p.requires_grad_(train)
             if train:

@@ -68,7 +68,7 @@ def test_a_round_of_one_block_is_the_flat_weighted_mean_and_more_blocks_sum_in_o
              for b in range(0, len(more), SUM_BLOCK)]  # fmt: skip
     by_hand = (((parts[0].extractor + parts[1].extractor) + parts[2].extractor) + parts[3].extractor).astype(np.float32)
     assert np.array_equal(average_uploads(more).extractor, by_hand)
-    assert np.allclose(by_hand, sum(ck * jr.final.weights.extractor.astype(np.float64) for ck, jr in zip(c, more)))
+    assert np.allclose(by_hand, sum(ck * jr.final.weights.extractor.astype(np.float64) for ck, jr in zip(c, more, strict=True)))
 
 
 def test_a_block_without_its_sum_or_uploads_is_refused():
@@ -150,3 +150,18 @@ def test_the_ray_round_sends_block_sums_not_uploads(tmp_path, ray_local):
         assert same(ray_ex.snapshot().server_state.weights, serial.snapshot().server_state.weights)
     finally:
         ray_ex.shutdown()
+
+
+@pytest.mark.parametrize("name", ["cnn3p2_fmnist", "mlp_fcd", "cnn_pac", "cnn_fcd", "resnet18", "mobilenet", "vgg11"])
+def test_a_parts_flat_layout_is_its_state_dicts(name):
+    """float_tensors reads a part's tensors without building a state dict: the same tensors, in
+    state_dict's order, BatchNorm statistics included (resnet18, mobilenet)."""
+    from raysim.models import PARTS, build_model, float_tensors
+
+    shape = (3, 32, 32) if name in ("resnet18", "mobilenet", "vgg11") else (1, 28, 28)
+    model = build_model(name, shape, 10, 0)
+    for part in PARTS:
+        module = model.part(part)
+        expected = [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+        got = float_tensors(module)
+        assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected, strict=True)), part
