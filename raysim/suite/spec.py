@@ -518,7 +518,21 @@ def trial_experiment(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | N
     set_dotted(nested, "output.progress", False)
     set_dotted(nested, "ray.executor", "ray")
     nested.setdefault("ray", {}).setdefault("workers", 1)
-    return validate(resolve_config(nested))
+    exp = validate(resolve_config(nested))
+    if in_trial_process(exp.cfg):
+        set_dotted(nested, "ray.executor", "serial")
+        exp = validate(resolve_config(nested))
+    return exp
+
+
+def in_trial_process(cfg: ExperimentConfig) -> bool:
+    """Whether a trial runs in its own Tune process on the serial executor: when it has one client
+    worker on CPUs with one job slot, which would train its jobs one after another just as the
+    serial executor does, with the same numbers (docs/design.md). That saves the trial two actor
+    starts (a worker importing PyTorch, and the server) and the object store's traffic; its
+    placement group is then one bundle with the worker's CPUs (issue 29: suites pack tighter)."""
+    r = cfg.ray
+    return r.executor == "ray" and r.workers == 1 and r.gpus_per_worker == 0 and cfg.worker_jobs == 1
 
 
 def to_yaml(suite: Suite) -> dict[str, Any]:

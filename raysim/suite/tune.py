@@ -37,7 +37,11 @@ REFUSED_FILE = "refused.txt"
 
 
 def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
-    """The trial's placement group: a head bundle for its driver and server, one per worker."""
+    """The trial's placement group: a head bundle for its driver and server, one per worker; a
+    trial on the serial executor (:func:`~raysim.suite.spec.in_trial_process`) trains in its driver,
+    whose one bundle then holds the worker's CPUs too."""
+    if cfg.ray.executor == "serial":
+        return [{"CPU": driver_cpus + cfg.ray.cpus_per_worker}]
     worker = {"CPU": cfg.ray.cpus_per_worker, "GPU": cfg.ray.gpus_per_worker}
     head = {"CPU": driver_cpus} if driver_cpus > 0 else {}
     return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]

@@ -61,6 +61,25 @@ def test_every_trial_is_checked_before_anything_runs():
         suite_from_args(["--set", "train.lr=loguniform(0.001,0.1)", *TINY[:-1]])
 
 
+@pytest.mark.parametrize(
+    ("flags", "serial", "bundles"),
+    [
+        ([], True, [{"CPU": 1.0}]),  # one one-slot CPU worker: trained in the trial's own process
+        (["--workers", "2"], False, [{}, {"CPU": 1.0}, {"CPU": 1.0}]),
+        (["--cpus-per-worker", "2"], False, [{}, {"CPU": 2.0}]),  # two job slots train side by side
+        (["--gpus-per-worker", "0.5"], False, [{}, {"CPU": 1.0, "GPU": 0.5}]),
+    ],
+)
+def test_a_one_worker_cpu_trial_runs_serially_in_its_own_process(tmp_path, flags, serial, bundles):
+    from raysim.suite.spec import trial_experiment
+    from raysim.suite.tune import trial_resources
+
+    suite, _, _ = suite_from_args(["--algo", "fedavg", *flags, *TINY])
+    cfg = trial_experiment(trials(suite)[0], tmp_path).cfg
+    assert (cfg.ray.executor == "serial") is serial
+    assert trial_resources(cfg, 0.0) == bundles
+
+
 def test_a_suite_file_with_configurations_and_a_grid(tmp_path):
     (tmp_path / "s.yaml").write_text(
         "name: table\n"
