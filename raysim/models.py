@@ -321,7 +321,7 @@ def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     building a state dict (a client's update loads and reads its parts, issue 29). A model whose
     modules customise their state dict is read through ``state_dict`` itself."""
     out: list[torch.Tensor] = []
-    for m in module.modules():
+    for _, m in module.named_modules(remove_duplicate=False):  # a shared module twice, as state_dict has it
         if type(m)._save_to_state_dict is not torch.nn.Module._save_to_state_dict or m._state_dict_hooks:
             return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
         out += [t for t in m._parameters.values() if t is not None and t.is_floating_point()]

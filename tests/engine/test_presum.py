@@ -141,3 +141,15 @@ def test_a_parts_flat_layout_is_its_state_dicts(name):
         expected = [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
         got = float_tensors(module)
         assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected, strict=True)), part
+
+
+def test_a_shared_module_is_laid_out_twice_as_in_its_state_dict():
+    from torch import nn
+
+    from raysim.models import float_tensors
+
+    lin = nn.Linear(3, 2)
+    module = nn.Sequential(lin, nn.ReLU(), lin, nn.BatchNorm1d(2))
+    expected = [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    got = float_tensors(module)
+    assert len(got) == len(expected) == 8 and all(a is b for a, b in zip(got, expected, strict=True))

@@ -219,7 +219,7 @@ class RayExecutor:
     def _blocks(self, plan: RoundPlan, call: JobsCall) -> tuple[list[int], list[Block]]:
         """The blocks of the round's sum that ``call`` holds whole (:mod:`~raysim.capabilities.presum`),
         to sum on its worker: each block's first planned job, and each block's positions in the
-        call with their coefficients. None unless the round is summed on the workers."""
+        call with their coefficients. Empty unless the round is summed on the workers."""
         if self._coeffs is None:
             return [], []
         by_block: dict[int, list[int]] = {}
