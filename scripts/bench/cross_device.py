@@ -168,6 +168,24 @@ def bench_workload(model: str, per_round: int, args: argparse.Namespace, tmp: Pa
     return out
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad input before any run, in one sentence (argparse's error)."""
+    from raysim.registry import MODELS
+
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, not {args.repeats}")
+    if args.batch_clients < 2:
+        ap.error(f"--batch-clients must be at least 2 (the batched layout), not {args.batch_clients}")
+    for model in args.models.split(","):
+        if model not in MODELS.names():
+            ap.error(f"--models: unknown model {model!r}; one of {', '.join(sorted(MODELS.names()))}")
+    for k in args.per_round.split(","):
+        if not k.strip().isdigit() or not 1 <= int(k) <= int(WORKLOAD["clients"]):
+            ap.error(f"--per-round: {k!r} is not a number of clients from 1 to {WORKLOAD['clients']}")
+    if args.pfl_python and not Path(args.pfl_python).is_file():
+        ap.error(f"--pfl-python: no such file {args.pfl_python}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each program (medians reported)")
@@ -181,6 +199,7 @@ def main() -> None:
     if args.plain_child:
         plain_child(args.plain_child[0], int(args.plain_child[1]))
         return
+    check_args(ap, args)
     result: dict[str, Any] = {"cores": os.cpu_count(), "repeats": args.repeats, **WORKLOAD}
     workloads: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -139,6 +139,10 @@ def main() -> None:
     if args.plain_child:
         plain_loop()
         return
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, not {args.repeats}")
+    if args.batch_clients < 2:
+        parser.error(f"--batch-clients must be at least 2 (the batched program), not {args.batch_clients}")
     programs = {
         "plain": lambda out: [sys.executable, __file__, "--plain-child"],
         "raysim_1w": lambda out: raysim_cmd(1, out),
