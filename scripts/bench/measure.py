@@ -24,11 +24,13 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
-def run_measured(cmd: list[str], sample_memory: bool) -> tuple[float, dict[str, Any], float]:
+def run_measured(
+    cmd: list[str], sample_memory: bool, extra_env: dict[str, str] | None = None
+) -> tuple[float, dict[str, Any], float]:
     """Run ``cmd`` (on loopback Ray, reporting nothing); its wall time, its last stdout line as
     JSON, and (if asked) the peak proportional set size of its whole process tree in MB, Ray's
     daemons and workers included, sampled every 0.2 s."""
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **(extra_env or {}))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = [0]

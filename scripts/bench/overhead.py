@@ -71,9 +71,9 @@ def raysim_cmd(workers: int, out: str, batch_clients: int = 1) -> list[str]:
     ]  # fmt: skip
 
 
-def measure(cmd: list[str], sample_memory: bool) -> dict[str, float]:
+def measure(cmd: list[str], sample_memory: bool, extra_env: dict[str, str] | None = None) -> dict[str, float]:
     """Run ``cmd``; its wall time, its rounds' time and accuracy, and (if asked) the peak PSS of its tree."""
-    wall, last, peak_mb = run_measured(cmd, sample_memory)
+    wall, last, peak_mb = run_measured(cmd, sample_memory, extra_env)
     rounds = last.get("rounds_s", last.get("train_time_s"))
     acc = last.get("gm_gtest", (last.get("final") or {}).get("gm_gtest"))
     out = {"rounds_s": float(rounds), "process_s": wall, "peak_mb": peak_mb, "gm_gtest": float(acc)}
@@ -113,16 +113,14 @@ def attached_startups(repeats: int, tmp: str) -> list[float]:
                 time.sleep(0.5)
         time.sleep(3)  # the head's agents up
         out = []
-        os.environ["RAY_AUTH_MODE"] = "token"
         for i in range(repeats + 1):
             cmd = [*raysim_cmd(1, str(Path(tmp) / f"attached-{i}")), "--address", f"127.0.0.1:{port}"]
-            startup = measure(cmd, sample_memory=False)["startup_s"]
+            startup = measure(cmd, sample_memory=False, extra_env={"RAY_AUTH_MODE": "token"})["startup_s"]
             print(f"attached   run {i}: start-up {startup:5.2f} s{' (not counted)' if i == 0 else ''}", flush=True)
             if i:
                 out.append(startup)
         return out
     finally:
-        os.environ.pop("RAY_AUTH_MODE", None)
         head.terminate()
         head.wait(timeout=60)
 
