@@ -1,5 +1,6 @@
 """``python scripts/run.py --algo fed3p2 --clients 100`` runs on Fashion-MNIST with its defaults
-(rounds cut to 2, one per phase, and E to 2: the paper's E = 5 took 40 s of the default suite)."""
+(rounds cut to 2, one per phase, and E to 1: the paper's E = 5 took 40 s of the default suite, E = 2
+24 s; E = 1 still takes the global model well past chance, to 0.32 on seed 0)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_fed3p2_cli_with_defaults(tmp_path):
         "--rounds",
         "2",
         "--local-epochs",
-        "2",
+        "1",
         "--no-progress",
         "--out",
         str(out),
