@@ -518,11 +518,10 @@ def trial_experiment(trial: Trial, run_dir: Path, sampled: Mapping[str, Any] | N
     set_dotted(nested, "output.progress", False)
     set_dotted(nested, "ray.executor", "ray")
     nested.setdefault("ray", {}).setdefault("workers", 1)
-    exp = validate(resolve_config(nested))
-    if in_trial_process(exp.cfg):
-        set_dotted(nested, "ray.executor", "serial")
-        exp = validate(resolve_config(nested))
-    return exp
+    cfg = resolve_config(nested)
+    if in_trial_process(cfg):
+        cfg = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, executor="serial"))
+    return validate(cfg)
 
 
 def in_trial_process(cfg: ExperimentConfig) -> bool:

@@ -19,26 +19,17 @@ SUM_BLOCK = 8
 
 
 def weighted_mean(weights: Sequence[ModelWeights], coeffs: Sequence[float]) -> ModelWeights:
-    """sum_k c_k w_k / sum_k c_k, part by part (FedAvg, McMahan et al. 2017, with c_k = n_k)."""
+    """sum_k c_k w_k / sum_k c_k, part by part (FedAvg, McMahan et al. 2017, with c_k = n_k): one
+    :func:`block_sum` of the normalised coefficients, in float32."""
     if len(weights) == 0:
         raise ValueError("nothing to average")
     if len(weights) != len(coeffs):
         raise ValueError("one coefficient per weight set")
-    c = np.asarray(coeffs, dtype=np.float64)
-    total = c.sum()
-    if total <= 0:
-        raise ValueError("coefficients must sum to a positive number")
-    c = c / total
+    return as_float32(block_sum(weights, upload_coefficients(coeffs)))
 
-    def avg(*arrays: np.ndarray) -> np.ndarray:
-        acc = np.zeros(arrays[0].shape, dtype=np.float64)
-        term = np.empty_like(acc)  # c_k w_k in float64, one buffer for every k
-        for ck, a in zip(c, arrays, strict=True):
-            np.multiply(a, ck, out=term)
-            acc += term
-        return acc.astype(np.float32)
 
-    return map_parts(avg, *weights)
+def as_float32(weights: ModelWeights) -> ModelWeights:
+    return map_parts(lambda a: a.astype(np.float32), weights)
 
 
 def subtract(a: ModelWeights, b: ModelWeights) -> ModelWeights:
@@ -60,8 +51,8 @@ def apply_updates(
     return map_parts(step, base, *updates)
 
 
-def upload_coefficients(sizes: Sequence[int]) -> np.ndarray:
-    """Each upload's c_k = n_k / sum_k n_k, in float64, from the jobs' final clients' sizes."""
+def upload_coefficients(sizes: Sequence[float]) -> np.ndarray:
+    """Each upload's c_k = n_k / sum_k n_k, in float64 (n_k: e.g. the jobs' final clients' sizes)."""
     c = np.asarray(sizes, dtype=np.float64)
     total = c.sum()
     if total <= 0:
@@ -108,4 +99,4 @@ def average_uploads(results: Sequence[JobResult]) -> ModelWeights:
             part = block_sum([u for u in uploads if u is not None], c[b : b + SUM_BLOCK])
         total = part if total is None else map_parts(np.add, total, part)
     assert total is not None
-    return map_parts(lambda a: a.astype(np.float32), total)
+    return as_float32(total)
