@@ -100,7 +100,8 @@ def ray_local() -> Iterator[None]:
 
     if not ray.is_initialized():
         with minimal_agent():  # as a local run starts it: seconds sooner
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+            # a Ray of its own, even where `ray start` left a cluster (or its address file) here
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 

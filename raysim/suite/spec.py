@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from raysim.engine.experiment import Experiment
 
 SUITE_FILE = "suite.yaml"
-STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes)
+STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes): name, start|resume, time, pid
 TRIAL_FILE = "trial.json"  # in a trial's run directory: its configuration, seed and sampled settings
 #: range syntax for a searched setting: ``loguniform(1e-3, 1e-1)``, ``choice(3, 5, 10)``, ...
 RANGE = re.compile(r"^\s*(uniform|loguniform|randint|qrandint|choice|quniform)\s*\((.*)\)\s*$")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def run_trial(params: dict[str, Any]) -> None:
         json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
     )
     with open(suite_dir / STARTS_FILE, "a") as f:
-        f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f}\n")
+        f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f} {os.getpid()}\n")
     try:
         run_experiment(exp, [TuneReporter()], resume=resume)
     except ConfigError as e:  # what only the data tells (an impossible partition): the suite ends with it
@@ -104,8 +105,6 @@ def run_suite(
     many as fit), then, if the suite pairs its configurations with a baseline at equal compute, the
     baseline's trials; collect the results; return the summary, with the trials left
     ``unfinished`` by a Ctrl-C. The trials' datasets are found before Ray starts."""
-    import os
-
     from raysim.data.loading import check_files
     from raysim.engine.executors import session
 
@@ -254,11 +253,15 @@ def _tune_range(key: str, text: str) -> Any:
 
 
 def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
+    """Tune's settings. A finished trial's actor is kept for the next trial of the same resources
+    (``reuse_actors``): that trial starts in its process, PyTorch and raysim already imported, not
+    in a new one (about 2 s a trial here, issue 29). Every run seeds its generators and sets its
+    threads itself, so its numbers are those of a fresh process (tested)."""
     from ray import tune
 
     s = suite.search
     if s is None:
-        return tune.TuneConfig(max_concurrent_trials=max_concurrent)
+        return tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True)
     algorithm = s.algorithm.lower()
     searcher = tune.search.create_searcher(algorithm, metric=s.metric, mode=s.mode) if algorithm != "random" else None
     scheduler = None
@@ -270,6 +273,7 @@ def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
         search_alg=searcher,
         scheduler=scheduler,
         max_concurrent_trials=max_concurrent,
+        reuse_actors=True,
     )
 
 

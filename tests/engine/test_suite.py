@@ -144,6 +144,9 @@ def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray
         assert c["mean"]["lm_ptest"] is None
     assert (tmp_path / "suite" / "report.md").read_text().count("| fedprox |") == 1
     assert (tmp_path / "suite" / "accuracy_gm_gtest.png").stat().st_size > 5000
+    # two trials at a time on the 2 CPUs: the third and fourth ran in the first two's processes
+    starts = (tmp_path / "suite" / "trial_starts.log").read_text().splitlines()
+    assert len(starts) == 4 and len({line.split()[3] for line in starts}) == 2
 
 
 @pytest.mark.ray
