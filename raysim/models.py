@@ -290,10 +290,12 @@ def build_model(
     num_classes: int,
     seed: int,
     adapt: Callable[[SplitModel], SplitModel] | None = None,
+    channels_last: bool = True,
 ) -> SplitModel:
     """Build the registered model ``name`` with parameters drawn from ``seed`` alone (the global
     generator is untouched); ``adapt`` (an algorithm's :meth:`~algorithms.base.Algorithm.adapt_model`)
-    then changes its parts, drawing any new parameters from the same seeded generator."""
+    then changes its parts, drawing any new parameters from the same seeded generator.
+    ``channels_last`` (``train.channels_last``): its 4-D tensors in that layout (:func:`to_channels_last`)."""
     from raysim.registry import MODELS
 
     spec = MODELS.get(name)
@@ -307,6 +309,20 @@ def build_model(
             ) from None
         if adapt is not None:
             model = adapt(model)
+    return to_channels_last(model) if channels_last else model
+
+
+def to_channels_last(model: SplitModel) -> SplitModel:
+    """``model`` with its 4-D tensors (convolution kernels) in the channels-last memory format.
+
+    PyTorch's CPU kernels for convolution and max-pooling run on channels-last tensors without the
+    per-call reorders of the NCHW path: a serial FedAvg round of ``cnn3p2_fmnist`` trains about 1.4x
+    faster on one CPU thread (issue 29, ``scripts/bench/layout.py``). Only the layout
+    changes: every tensor keeps its shape and its values' logical order, so a part's flat array
+    (``reshape``, ``view_as``) is what it was; the kernels sum in another order, so the numbers
+    are not NCHW's to the bit. A model without 4-D tensors is returned as it is."""
+    if any(t.dim() == 4 for t in model.parameters()):
+        model = model.to(memory_format=torch.channels_last)
     return model
 
 

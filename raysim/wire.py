@@ -126,6 +126,7 @@ class ServerContext:
             self.clients.num_classes,
             rng.int_seed(self.cfg.seed, "init"),
             self.adapt,
+            self.cfg.train.channels_last,
         )
         set_weights(model, self.init_weights)
         return model

@@ -12,6 +12,11 @@ when the analyses gained FedDr+'s Fig. 4 columns (``local_*_fdist``, ``*_fangle`
 issue 27): only those columns were added, every recorded value stayed. ``python -m tests.golden
 NAME`` records one case; without a name it records every one.
 
+Every case was recorded again when models took the channels-last layout (``train.channels_last``,
+issue 29): its kernels sum in another order. Before that, every case was run with the layout off
+(NCHW) and gave its recorded numbers to the bit; ``fedavg-nchw`` and ``fed3p2-nchw`` keep
+``fedavg``'s and ``fed3p2``'s numbers of before, so that NCHW stays as it was.
+
 The numbers are those of PyTorch's AVX2 kernels, which ``tests/conftest.py`` selects (an AVX-512
 kernel sums in another order); record with it imported, as ``python -m tests.golden`` does.
 """
@@ -95,7 +100,10 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-analyses": {"algo": "fedavg", "eval.analyses": True, "data.partition": "shard:2"},
     # issue 28: stale updates rebased and FedBuff's server step, on slow and varied devices
     "fedbuff": {"algo": "fedbuff", "deployment.mode": "async", "deployment.devices": "lognormal:1"},
+    # issue 29: the NCHW layout (train.channels_last=false) gives the numbers of before it, to the bit
+    "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
 }
+CASES["fed3p2-nchw"] = {**CASES["fed3p2"], "train.channels_last": False}
 
 
 def case_config(name: str, out: Path) -> Any:

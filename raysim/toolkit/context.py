@@ -104,7 +104,12 @@ class ClientWorkspace:
         #: the algorithm's ``adapt_model``, applied to every model this worker builds
         self.adapt = adapt
         self.model: SplitModel = build_model(
-            cfg.model, data.train.input_shape, data.num_classes, rng.int_seed(cfg.seed, "init"), adapt
+            cfg.model,
+            data.train.input_shape,
+            data.num_classes,
+            rng.int_seed(cfg.seed, "init"),
+            adapt,
+            cfg.train.channels_last,
         ).to(self.device)
         self.initial_weights = get_weights(self.model, PARTS)
         self.memory: dict[int, ClientMemory] = {}
@@ -135,6 +140,7 @@ class ClientWorkspace:
                 self.data.num_classes,
                 rng.int_seed(self.cfg.seed, purpose),
                 self.adapt,
+                self.cfg.train.channels_last,
             )
             self._fresh[key] = get_weights(model, (part,)).part(part)
         return self._fresh[key]
