@@ -119,8 +119,8 @@ class TrainConfig:
     #: leave out each epoch's last, partial mini-batch (PyTorch's ``DataLoader(drop_last=True)``):
     #: a client then trains on full batches only, and one with fewer samples than a batch not at all
     drop_last: bool = False
-    #: convolution kernels (and so activations) in PyTorch's channels-last memory format: about
-    #: 1.4x faster convolutional training on CPU (issue 29). False: NCHW, the layout of every run
+    #: convolution kernels (and so activations) in PyTorch's channels-last memory format: faster
+    #: convolutional training on CPU (issue 29, docs/benchmarks.md). False: NCHW, the layout of every run
     #: before commit 751e35a, whose numbers it gives to the bit (the layouts' kernels sum in
     #: different orders: the same model to float rounding, not to the bit)
     channels_last: bool = True

@@ -316,8 +316,8 @@ def to_channels_last(model: SplitModel) -> SplitModel:
     """``model`` with its 4-D tensors (convolution kernels) in the channels-last memory format.
 
     PyTorch's CPU kernels for convolution and max-pooling run on channels-last tensors without the
-    per-call reorders of the NCHW path: a serial FedAvg round of ``cnn3p2_fmnist`` trains about 1.4x
-    faster on one CPU thread (issue 29, ``scripts/bench/layout.py``). Only the layout
+    per-call reorders of the NCHW path (issue 29; ``scripts/bench/layout.py``, figures in
+    docs/benchmarks.md). Only the layout
     changes: every tensor keeps its shape and its values' logical order, so a part's flat array
     (``reshape``, ``view_as``) is what it was; the kernels sum in another order, so the numbers
     are not NCHW's to the bit. A model without 4-D tensors is returned as it is."""

@@ -24,6 +24,7 @@ from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.models import set_weights
 from raysim.records import EvalPart, EvalTarget
+from raysim.toolkit.allocator import keep_freed_memory
 from raysim.toolkit.context import ClientContext, ClientMemory, ClientWorkspace
 from raysim.toolkit.train import SGDConfig, local_train, predict
 from raysim.weights import PARTS, payload_nbytes
@@ -38,6 +39,7 @@ class ClientRuntime(ClientWorkspace):
     def __init__(
         self, cfg: ExperimentConfig, data: FederatedData, algorithm: AlgorithmHooks | None = None
     ) -> None:
+        keep_freed_memory()  # a process that trains keeps its freed buffers (raysim.toolkit.allocator)
         algo = algorithm if algorithm is not None else make_algorithm(cfg)
         super().__init__(cfg, data, adapt=algo.adapt_model)
         self.algo = algo

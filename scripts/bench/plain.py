@@ -2,7 +2,8 @@
 
 The benchmarks' baseline (``overhead.py``, ``cross_device.py``): the same clients, batches, model,
 momentum SGD, learning-rate decay and size-weighted averaging raysim's FedAvg runs, written as one
-loop with every core as intra-op threads. :func:`plain_fedavg` prints nothing; its caller prints
+loop with every core as intra-op threads, in the model layout and with the allocator setting of
+raysim's workers (both raysim's defaults). :func:`plain_fedavg` prints nothing; its caller prints
 the JSON line a benchmark reads.
 """
 
@@ -27,7 +28,11 @@ def plain_fedavg(w: Mapping[str, Any], t_start: float) -> dict[str, float]:
     from raysim.config import DataConfig
     from raysim.data import build_federated_data
     from raysim.models import build_model
+    from raysim.toolkit.allocator import keep_freed_memory
 
+    # the same memory as raysim's workers: freed buffers kept for the next step (an allocator
+    # setting, not a step; raysim.toolkit.allocator), so that the ratios measure raysim's overhead
+    keep_freed_memory()
     seed, batch = int(w["seed"]), int(w["batch"])
     torch.set_num_threads(os.cpu_count() or 1)
     data = build_federated_data(DataConfig(dataset="fmnist", partition=str(w["partition"])), int(w["clients"]), seed)
