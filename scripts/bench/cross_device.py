@@ -11,6 +11,9 @@ process:
 - raysim's layouts, each ``scripts/run.py`` on local Ray: ``1w`` (1 client worker with a job slot per
   core), ``2w`` (2 workers of one core) and ``2w_batched`` (the same with ``--batch-clients K``: each
   worker trains K clients at once as one batched computation);
+- ``serial``: ``scripts/run.py`` with ``--set ray.executor=serial``: raysim's serial executor, the
+  same jobs one at a time in the run's own process with every core as intra-op threads, no Ray
+  started (the same numbers as the layouts above); not one of the layouts whose best is reported;
 - ``pfl`` with ``--peer pfl``: Apple's pfl-research (``pfl`` on PyPI) on the same clients and
   cohorts (``cross_device_pfl.py``), in a virtual environment of its own that this script creates
   under ``.bench-venvs/pfl`` (or ``--pfl-python``). A comparison, not a dependency of raysim.
@@ -19,8 +22,9 @@ Reported per program: the rounds' wall time (training only), client updates per 
 clients a round over it), the rounds' time over the plain loop's, and the whole process's wall time.
 The last line is one JSON object: per workload (``MODEL/K``), ``plain_updates_per_s``,
 ``raysim_updates_per_s`` (per layout), ``raysim_best_updates_per_s``, ``batched_over_one_by_one``
-(the batched layout's rounds time over ``2w``'s) and ``pfl_updates_per_s`` when the peer ran, with
-each program's medians under ``runs``.
+(the batched layout's rounds time over ``2w``'s), ``serial_updates_per_s`` and, when the peer ran,
+``pfl_updates_per_s``, ``best_over_pfl``, ``process_over_pfl`` (per layout) and
+``serial_process_over_pfl``, with each program's medians under ``runs``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,13 @@ def raysim_cmd(model: str, per_round: int, workers: int, out: str, batch_clients
         "--cpus-per-worker", str(cpus), "--threads", "1", "--batch-clients", str(batch_clients),
         "--no-progress", "--no-tensorboard", "-q", "--out", out,
     ]  # fmt: skip
+
+
+def serial_cmd(model: str, per_round: int, out: str) -> list[str]:
+    """``raysim_cmd`` on the serial executor: no Ray, the run's process trains with every core."""
+    cmd = raysim_cmd(model, per_round, 1, out)
+    cmd[cmd.index("--threads") + 1] = str(os.cpu_count() or 1)
+    return [*cmd, "--set", "ray.executor=serial"]
 
 
 def pfl_python(given: str | None) -> str:
@@ -129,6 +140,7 @@ def bench_workload(model: str, per_round: int, args: argparse.Namespace, tmp: Pa
         "1w": lambda out: raysim_cmd(model, per_round, 1, out),
         "2w": lambda out: raysim_cmd(model, per_round, 2, out),
         "2w_batched": lambda out: raysim_cmd(model, per_round, 2, out, args.batch_clients),
+        "serial": lambda out: serial_cmd(model, per_round, out),
     }
     if args.peer == "pfl":
         npz = tmp / f"pfl-{per_round}.npz"
@@ -158,13 +170,15 @@ def bench_workload(model: str, per_round: int, args: argparse.Namespace, tmp: Pa
         "raysim_updates_per_s": {k: round(med[k]["updates_per_s"], 1) for k in layouts},
         "raysim_best_updates_per_s": round(max(med[k]["updates_per_s"] for k in layouts), 1),
         "batched_over_one_by_one": round(med["2w_batched"]["rounds_s"] / med["2w"]["rounds_s"], 3),
-        "rounds_over_plain": {k: round(med[k]["rounds_s"] / med["plain"]["rounds_s"], 3) for k in layouts},
+        "serial_updates_per_s": round(med["serial"]["updates_per_s"], 1),
+        "rounds_over_plain": {k: round(med[k]["rounds_s"] / med["plain"]["rounds_s"], 3) for k in (*layouts, "serial")},
         "runs": {name: {k: round(v, 4) for k, v in m.items()} for name, m in med.items()},
     }
     if "pfl" in med:
         out["pfl_updates_per_s"] = round(med["pfl"]["updates_per_s"], 1)
         out["best_over_pfl"] = round(out["raysim_best_updates_per_s"] / out["pfl_updates_per_s"], 3)
         out["process_over_pfl"] = {k: round(med[k]["process_s"] / med["pfl"]["process_s"], 3) for k in layouts}
+        out["serial_process_over_pfl"] = round(med["serial"]["process_s"] / med["pfl"]["process_s"], 3)
     return out
 
 
@@ -207,7 +221,8 @@ def main() -> None:
             for model in args.models.split(","):
                 workloads[f"{model}/{per_round}"] = bench_workload(model, per_round, args, Path(tmp))
     for key in ("plain_updates_per_s", "raysim_updates_per_s", "raysim_best_updates_per_s",
-                "batched_over_one_by_one", "pfl_updates_per_s"):  # fmt: skip
+                "batched_over_one_by_one", "serial_updates_per_s", "pfl_updates_per_s",
+                "best_over_pfl", "serial_process_over_pfl"):  # fmt: skip
         if any(key in w for w in workloads.values()):
             result[key] = {name: w[key] for name, w in workloads.items() if key in w}
     result["workloads"] = workloads
