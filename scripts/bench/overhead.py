@@ -2,10 +2,14 @@
 """raysim's overhead against a plain single-process PyTorch loop doing the same training.
 
 Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 clients, 10 per round,
-1 local epoch, batch 40, 5 rounds. Three programs, each in its own process, ``--repeats`` times:
+1 local epoch, batch 40, 5 rounds. These programs, each in its own process, ``--repeats`` times:
 
 - ``plain``: one PyTorch process, every core as intra-op threads, the same clients, batches, model
-  and averaging written as a plain loop (no raysim engine, no Ray);
+  and averaging written as a plain loop (no raysim engine, no Ray), in raysim's model layout and
+  allocator setting (channels-last, freed buffers kept: :mod:`plain`), so that the ratios measure
+  raysim's overhead over the same arithmetic;
+- ``plain_pytorch_defaults``: the same loop as one writes it, NCHW and glibc's allocator defaults
+  (raysim's before issue 29), for ``ratio_1w_vs_pytorch_defaults`` and ``ratio_2w_vs_pytorch_defaults``;
 - ``raysim_1w``: ``scripts/run.py`` on local Ray, 1 client worker using every core (by default one
   job slot per core, each job on one thread: ``raysim.engine.executors.slots``);
 - ``raysim_2w``: ``scripts/run.py`` on local Ray, 2 client workers with one core each;
@@ -49,12 +53,13 @@ WORKLOAD = dict(
 )
 
 
-def plain_loop() -> None:
+def plain_loop(channels_last: bool = True) -> None:
     """The baseline, run in a child process: FedAvg as a plain PyTorch loop (:mod:`plain`)."""
     t_start = time.perf_counter()
     from plain import plain_fedavg
 
-    print(json.dumps(plain_fedavg({**WORKLOAD, "model": "cnn3p2_fmnist"}, t_start)), flush=True)
+    w = {**WORKLOAD, "model": "cnn3p2_fmnist", "channels_last": channels_last}
+    print(json.dumps(plain_fedavg(w, t_start)), flush=True)
 
 
 def raysim_cmd(workers: int, out: str, batch_clients: int = 1) -> list[str]:
@@ -133,9 +138,10 @@ def main() -> None:
     parser.add_argument("--batch-clients", type=int, default=5, help="K of the batched program")
     parser.add_argument("--no-attached", dest="attached", action="store_false", help="skip the attached start-up")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nchw", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
-        plain_loop()
+        plain_loop(channels_last=not args.nchw)
         return
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, not {args.repeats}")
@@ -146,16 +152,18 @@ def main() -> None:
         "raysim_1w": lambda out: raysim_cmd(1, out),
         "raysim_2w": lambda out: raysim_cmd(2, out),
         "raysim_2w_batched": lambda out: raysim_cmd(2, out, args.batch_clients),
+        "plain_pytorch_defaults": lambda out: [sys.executable, __file__, "--plain-child", "--nchw"],
     }
+    envs = {"plain_pytorch_defaults": {"RAYSIM_KEEP_FREED_MEMORY": "0"}}  # glibc's own thresholds
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in programs}
     peaks: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in programs.items():
-            peaks[name] = measure(cmd(str(Path(tmp) / f"{name}-mem")), sample_memory=True)["peak_mb"]
+            peaks[name] = measure(cmd(str(Path(tmp) / f"{name}-mem")), True, envs.get(name))["peak_mb"]
             print(f"{name:10s} memory run: peak PSS of the process tree {peaks[name]:7.0f} MB", flush=True)
         for i in range(args.repeats):
             for name, cmd in programs.items():  # interleaved, so drift in the machine hits all three
-                r = measure(cmd(str(Path(tmp) / f"{name}-{i}")), sample_memory=False)
+                r = measure(cmd(str(Path(tmp) / f"{name}-{i}")), False, envs.get(name))
                 runs[name].append(r)
                 print(
                     f"{name:10s} run {i + 1}: rounds {r['rounds_s']:6.2f} s  process {r['process_s']:6.2f} s  gm_gtest {r['gm_gtest']:.4f}",
@@ -186,6 +194,11 @@ def main() -> None:
     result["ratio_2w"] = round(med["raysim_2w"]["rounds_s"] / plain["rounds_s"], 3)
     result["ratio_2w_batched"] = round(med["raysim_2w_batched"]["rounds_s"] / plain["rounds_s"], 3)
     result["ratio"] = min(result["ratio_1w"], result["ratio_2w"], result["ratio_2w_batched"])
+    # against a plain loop as one writes it: NCHW and glibc's allocator defaults (not raysim's)
+    defaults = med["plain_pytorch_defaults"]
+    result["plain_pytorch_defaults_rounds_s"] = round(defaults["rounds_s"], 3)
+    for w in ("1w", "2w"):
+        result[f"ratio_{w}_vs_pytorch_defaults"] = round(med[f"raysim_{w}"]["rounds_s"] / defaults["rounds_s"], 3)
     result["gm_gtest"] = {name: round(m["gm_gtest"], 4) for name, m in med.items()}
     if attached:
         result["attached_startup_s"] = round(statistics.median(attached), 3)

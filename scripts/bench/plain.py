@@ -19,7 +19,7 @@ from typing import Any
 
 def plain_fedavg(w: Mapping[str, Any], t_start: float) -> dict[str, float]:
     """Run FedAvg on workload ``w`` (keys: model, clients, per_round, rounds, epochs, batch, lr, seed,
-    partition); returns ``rounds_s`` (the rounds alone), ``gm_gtest`` and ``in_process_s`` (since
+    partition, and ``channels_last``, default True as raysim's); returns ``rounds_s`` (the rounds alone), ``gm_gtest`` and ``in_process_s`` (since
     ``t_start``, the child's first line)."""
     import torch
     import torch.nn.functional as F
@@ -38,7 +38,7 @@ def plain_fedavg(w: Mapping[str, Any], t_start: float) -> dict[str, float]:
     data = build_federated_data(DataConfig(dataset="fmnist", partition=str(w["partition"])), int(w["clients"]), seed)
     y_all = torch.from_numpy(data.train.y)
     model = build_model(str(w.get("model", "cnn3p2_fmnist")), data.train.input_shape, data.num_classes,
-                        rng.int_seed(seed, "init"))  # fmt: skip
+                        rng.int_seed(seed, "init"), channels_last=bool(w.get("channels_last", True)))  # fmt: skip
     params = [p for part in (model.extractor, model.filter, model.head) for p in part.parameters()]
     global_state = [p.detach().clone() for p in params]
     # the same warm-up raysim's workers do at start-up: one throwaway step on a copy of the model

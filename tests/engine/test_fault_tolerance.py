@@ -6,7 +6,6 @@ a checkpoint that resumes to the same metrics."""
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -39,7 +38,8 @@ SETUP: dict[str, Any] = {
 
 class Kill(BaseCallback):
     """``ray.kill`` an actor of the running executor when round ``rnd`` is logged: at once (it is
-    gone when the next round starts) or, ``mid_round``, once the next round's jobs are under way."""
+    gone when the next round starts) or, ``mid_round``, as soon as the next round has submitted its
+    first call (a round now takes tens of milliseconds here, so no timer is sure to fall inside it)."""
 
     def __init__(self, executors: list[Any], rnd: int, which: str, mid_round: bool = False) -> None:
         self.executors, self.rnd, self.which, self.mid_round = executors, rnd, which, mid_round
@@ -54,18 +54,20 @@ class Kill(BaseCallback):
         if not self.mid_round:
             ray.kill(actor)
             return
-        train_round = ex.train_round
+        submit = ex._submit
+        killed: list[bool] = []
 
-        def next_round(*args: Any, **kwargs: Any) -> Any:
-            del ex.train_round  # once
-            timer = threading.Timer(0.05, ray.kill, (actor,))  # its jobs are submitted by then
-            timer.start()
-            try:
-                return train_round(*args, **kwargs)
-            finally:
-                assert not timer.is_alive(), "the round ended before the kill"
+        def submit_then_kill(*args: Any, **kwargs: Any) -> Any:
+            """The round's first call submitted, the actor is killed: its jobs are under way (or
+            about to be sent to it), none of the round's results gathered yet."""
+            out = submit(*args, **kwargs)
+            if not killed:
+                killed.append(True)
+                ray.kill(actor)
+                del ex._submit  # once
+            return out
 
-        ex.train_round = next_round
+        ex._submit = submit_then_kill
 
 
 @pytest.fixture(scope="module")

@@ -199,7 +199,7 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     go on from their checkpoints, and the table and summary.json are the uninterrupted suite's."""
     from raysim.suite import run_suite
 
-    run = [*TINY, "--rounds", "8", "--checkpoint-every", "1", "--eval-every", "2"]
+    run = [*TINY, "--rounds", "40", "--checkpoint-every", "1", "--eval-every", "2"]
     sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
     stopped = tmp_path / "stopped"
 
