@@ -121,7 +121,7 @@ class TrainConfig:
     drop_last: bool = False
     #: convolution kernels (and so activations) in PyTorch's channels-last memory format: faster
     #: convolutional training on CPU (issue 29, docs/benchmarks.md). False: NCHW, the layout of every run
-    #: before commit 751e35a, whose numbers it gives to the bit (the layouts' kernels sum in
+    #: up to commit 751e35a, whose numbers it gives to the bit (the layouts' kernels sum in
     #: different orders: the same model to float rounding, not to the bit)
     channels_last: bool = True
 

@@ -55,16 +55,13 @@ class Kill(BaseCallback):
             ray.kill(actor)
             return
         submit = ex._submit
-        killed: list[bool] = []
 
         def submit_then_kill(*args: Any, **kwargs: Any) -> Any:
             """The round's first call submitted, the actor is killed: its jobs are under way (or
             about to be sent to it), none of the round's results gathered yet."""
             out = submit(*args, **kwargs)
-            if not killed:
-                killed.append(True)
-                ray.kill(actor)
-                del ex._submit  # once
+            del ex._submit  # once: the round's later calls find the executor's own method
+            ray.kill(actor)
             return out
 
         ex._submit = submit_then_kill
