@@ -135,9 +135,11 @@ class EvalConfig:
     #: FedDr+'s analyses (raysim.results.analysis): per-class accuracy, observed/unobserved-class accuracy,
     #: feature-classifier alignment and feature norm, of the global and the local models
     analyses: bool = False
-    #: ``lm_ptest`` of an algorithm without personal models (FedAvg, FedProx, FedDyn, ...): each
-    #: client's model as its local update in an evaluated round left it, on its own P-Test, over the
-    #: clients trained in that round (Fed3+2p's Table 1 reads LM so for its global-only rows)
+    #: ``updated_lm_ptest``, for any algorithm: each client's model as its local update in an
+    #: evaluated round left it, on its own P-Test, over the clients trained in that round (PACFL's
+    #: authors read their clustered baselines' LM so). For an algorithm without personal models
+    #: (FedAvg, FedProx, FedDyn, ...) it is also its ``lm_ptest`` (Fed3+2p's Table 1 reads LM so
+    #: for its global-only rows)
     updated_lm: bool = False
     #: Fed3+2p's Fig. 3: after the last round, the features f(x) (the global head's input) of this
     #: many G-Test images, a fixed seeded sample, under the global model and each client's personal

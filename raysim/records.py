@@ -71,6 +71,9 @@ class ClientEval:
     n_test: int
     gm_correct: int | None
     lm_correct: int | None
+    #: ``eval.updated_lm``: the client's model as its local update in this round left it (None
+    #: where the client was not trained this round, or the setting is off)
+    ulm_correct: int | None = None
     #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.results.analysis)
     gm_split: dict[str, float | None] | None = None
 

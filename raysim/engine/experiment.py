@@ -161,10 +161,10 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
-    if cfg.eval.updated_lm and cls.evaluates_personal(cfg):
+    if cfg.eval.updated_lm and cfg.train.batch_clients > 1 and cls.evaluates_personal(cfg):
         raise ConfigError(
-            "eval.updated_lm reads lm_ptest off the local updates of an algorithm without personal models; "
-            f"{cfg.algo} has its own (as this run is set)."
+            "eval.updated_lm with train.batch_clients > 1 reads only what a client uploads, and "
+            f"{cfg.algo} keeps personal parts (as this run is set): train its clients one by one."
         )
     if cfg.deployment.mode == "async" and not Asynchronous.of(cls).possible:
         raise ConfigError(f"{cfg.algo} cannot aggregate asynchronously (deployment.mode=async): {Asynchronous.of(cls).why_not}")

@@ -250,6 +250,7 @@ def run_experiment(
                         totals,
                         extra.epilogue,
                         deployment,
+                        exp.algorithm.evaluates_personal(cfg),
                     )
                     if report is not None and report.features:  # eval.features, after the last round
                         _export_features(cfg, executor.data, report, rnd, run_dir, all_callbacks)
@@ -332,6 +333,7 @@ def _one_round(
     totals: RunTotals,
     epilogue: bool,
     deployment: Deployment,
+    personal: bool,
 ) -> EvalReport | None:
     """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
     algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``. Returns the
@@ -355,8 +357,8 @@ def _one_round(
         return None
     t = time.perf_counter()
     report = executor.evaluate(rnd)
-    if cfg.eval.updated_lm:  # lm_ptest: the round's updated local models (an algorithm without personal ones)
-        report = with_updated_lm(report, stats.updated_lm)
+    if cfg.eval.updated_lm:  # updated_lm_ptest; and lm_ptest, for an algorithm without personal models
+        report = with_updated_lm(report, stats.updated_lm, as_lm=not personal)
     took = time.perf_counter() - t
     totals.add_round(stats, round_time, took)
     row: dict[str, Any] = {"round": rnd, **summarize(report)}

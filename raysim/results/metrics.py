@@ -3,6 +3,9 @@
 - ``gm_gtest``: the global model on G-Test (the official test set, whole).
 - ``gm_ptest``: the global model on each client's P-Test, averaged over clients.
 - ``lm_ptest``: each client's personalised model on its own P-Test, averaged over clients.
+- ``updated_lm_ptest`` (``eval.updated_lm``, any algorithm): each client's model as its local update
+  in the evaluated round left it, on its own P-Test, averaged over the clients trained in that
+  round. For an algorithm without personal models it is also its ``lm_ptest``.
 
 Averages are unweighted (the mean over clients, as FedFCD, FedPAC and FedDr+ report) and
 sample-weighted (``*_weighted``); ``*_std`` is the standard deviation across clients (FedDr+'s
@@ -19,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from raysim.records import EvalReport
+from raysim.records import ClientEval, EvalReport
 
-METRICS = ("gm_gtest", "gm_ptest", "lm_ptest")
+METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest")
 
 
 def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
@@ -45,9 +48,11 @@ def summarize(report: EvalReport) -> dict[str, Any]:
         if report.gtest_correct is not None and report.gtest_total > 0
         else None,
     }
+    updated = [c.ulm_correct for c in report.clients]
     for name, values in (
         ("gm_ptest", [c.gm_correct for c in report.clients]),
         ("lm_ptest", [c.lm_correct for c in report.clients]),
+        *([("updated_lm_ptest", updated)] if any(u is not None for u in updated) else []),
     ):
         s = _client_summary(values, totals)
         row[name] = s["mean"]
@@ -62,11 +67,17 @@ def summarize(report: EvalReport) -> dict[str, Any]:
     return row
 
 
-def with_updated_lm(report: EvalReport, updated: Sequence[tuple[int, int]]) -> EvalReport:
-    """``report`` with each client's ``lm_correct`` its updated local model's (``eval.updated_lm``:
-    the round's trained clients; the others have none)."""
+def with_updated_lm(report: EvalReport, updated: Sequence[tuple[int, int]], as_lm: bool) -> EvalReport:
+    """``report`` with each client's ``ulm_correct`` its updated local model's (``eval.updated_lm``:
+    the round's trained clients; the others have none), and where ``as_lm`` (an algorithm without
+    personal models) its ``lm_correct`` the same."""
     by_client = dict(updated)
-    clients = tuple(dataclasses.replace(c, lm_correct=by_client.get(c.client)) for c in report.clients)
+
+    def one(c: ClientEval) -> ClientEval:
+        u = by_client.get(c.client)
+        return dataclasses.replace(c, ulm_correct=u, lm_correct=u) if as_lm else dataclasses.replace(c, ulm_correct=u)
+
+    clients = tuple(one(c) for c in report.clients)
     return dataclasses.replace(report, clients=clients)
 
 
@@ -79,6 +90,7 @@ def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:
             "n_test": c.n_test,
             "gm_ptest": None if c.gm_correct is None or c.n_test == 0 else c.gm_correct / c.n_test,
             "lm_ptest": None if c.lm_correct is None or c.n_test == 0 else c.lm_correct / c.n_test,
+            **({} if c.ulm_correct is None or c.n_test == 0 else {"updated_lm_ptest": c.ulm_correct / c.n_test}),
             **{f"gm_{k}": v for k, v in (c.gm_split or {}).items()},
         }
         for c in report.clients

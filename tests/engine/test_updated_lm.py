@@ -1,6 +1,8 @@
-"""``eval.updated_lm``: the LM column of an algorithm without personal models (Fed3+2p's Table 1
-reads FedAvg's, FedProx's and FedDyn's LM so): each client's model as its local update in the
-evaluated round left it, on its own P-Test, for the clients trained in that round."""
+"""``eval.updated_lm``: ``updated_lm_ptest``, each client's model as its local update in the
+evaluated round left it, on its own P-Test, for the clients trained in that round; for any
+algorithm. For one without personal models it is also the LM column (Fed3+2p's Table 1 reads
+FedAvg's, FedProx's and FedDyn's LM so); for a clustered one it is the LM that PACFL's authors
+report for their baselines."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def test_one_clients_updated_model_is_the_new_global_model(tmp_path):
                      set={**DATA, "eval.updated_lm": True})  # fmt: skip
     assert res.metrics["lm_ptest"].notna().all()
     assert list(res.metrics["lm_ptest"]) == list(res.metrics["gm_ptest"])
+    assert list(res.metrics["updated_lm_ptest"].iloc[1:]) == list(res.metrics["lm_ptest"].iloc[1:])
 
 
 @pytest.mark.parametrize("algo", ["fedavg", "fedprox", "feddyn"])
@@ -43,6 +46,38 @@ def test_only_the_rounds_trained_clients_have_an_updated_model(tmp_path, algo):
     assert off.metrics[cols].equals(res.metrics[cols])  # reading the local models changes nothing
 
 
-def test_an_algorithm_with_personal_models_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="fedrep has its own"):
-        raysim.make_config(**TINY, algo="fedrep", clients=6, participation=0.5, set={**DATA, "eval.updated_lm": True})
+@pytest.mark.parametrize("algo", ["fedrep", "cfl", "pacfl", "fedclust"])
+def test_one_clients_personal_model_is_its_updated_model(tmp_path, algo):
+    """With one client, its personal model after the round (the server's shared parts, from it
+    alone, and its own; or its cluster's model) is the model its local update left: the two
+    columns agree exactly. ``lm_ptest`` stays the algorithm's own."""
+    res = raysim.run(**TINY, algo=algo, clients=1, participation=1.0, out=str(tmp_path / "one"),
+                     set={**DATA, "eval.updated_lm": True})  # fmt: skip
+    assert res.metrics["updated_lm_ptest"].iloc[1:].notna().all()
+    assert list(res.metrics["updated_lm_ptest"].iloc[1:]) == list(res.metrics["lm_ptest"].iloc[1:])
+
+
+@pytest.mark.parametrize("algo", ["fedrep", "cfl"])
+def test_a_personal_algorithms_lm_is_its_own_and_the_updated_one_is_beside_it(tmp_path, algo):
+    res = raysim.run(**TINY, algo=algo, clients=6, participation=0.5, out=str(tmp_path / algo),
+                     set={**DATA, "eval.updated_lm": True})  # fmt: skip
+    off = raysim.run(**TINY, algo=algo, clients=6, participation=0.5, out=str(tmp_path / f"{algo}-off"), set=DATA)
+    cols = ["gm_gtest", "gm_ptest", "lm_ptest", "train_loss"]
+    assert off.metrics[cols].equals(res.metrics[cols])  # lm_ptest is the personal models', unchanged
+    assert "updated_lm_ptest" not in off.metrics
+    clients = pd.read_parquet(tmp_path / algo / "clients.parquet")
+    assert clients["lm_ptest"].notna().all()  # every client has its personal model
+    for rnd, rows in clients[clients["round"] > 0].groupby("round"):
+        trained = rows[rows["updated_lm_ptest"].notna()]
+        assert len(trained) == 3
+        assert res.metrics.set_index("round").loc[rnd, "updated_lm_ptest"] == pytest.approx(trained["updated_lm_ptest"].mean())
+    assert res.summary["final"]["updated_lm_ptest"] == res.metrics["updated_lm_ptest"].iloc[-1]
+
+
+def test_batched_personal_clients_are_refused(tmp_path):
+    """Batched, a client's result carries only what it uploads; FedRep's heads stay behind."""
+    with pytest.raises(ConfigError, match="fedrep keeps personal parts"):
+        raysim.make_config(**TINY, algo="fedrep", clients=6, participation=0.5,
+                           set={**DATA, "eval.updated_lm": True, "train.batch_clients": 2})  # fmt: skip
+    raysim.make_config(**TINY, algo="fedavg", clients=6, participation=0.5,
+                       set={**DATA, "eval.updated_lm": True, "train.batch_clients": 2})  # fmt: skip
