@@ -84,8 +84,10 @@ def test_features_and_updated_models_are_the_same_on_serial_and_ray(tmp_path, ra
     a, b = (pd.read_parquet(tmp_path / d / FEATURES_FILE) for d in ("s", "r"))
     assert list(a["model"]) == list(b["model"]) and list(a["sample"]) == list(b["sample"])
     assert all(np.array_equal(x, y) for x, y in zip(a["feature"], b["feature"], strict=True))
-    lm = {"algo": "fedavg", "rounds": 2, "eval.updated_lm": True}
-    s = run_experiment(tiny_config(tmp_path / "ls", **lm))
-    r = run_experiment(tiny_config(tmp_path / "lr", **lm, **on_ray))
-    assert [x["lm_ptest"] for x in s.rows] == [x["lm_ptest"] for x in r.rows]
-    assert all(x["lm_ptest"] is not None for x in s.rows)
+    for algo in ("fedavg", "pacfl"):  # no personal models; clustered (updated_lm_ptest beside its own)
+        lm = {"algo": algo, "rounds": 2, "eval.updated_lm": True}
+        s = run_experiment(tiny_config(tmp_path / f"{algo}-s", **lm))
+        r = run_experiment(tiny_config(tmp_path / f"{algo}-r", **lm, **on_ray))
+        for key in ("lm_ptest", "updated_lm_ptest"):
+            assert [x[key] for x in s.rows] == [x[key] for x in r.rows]
+            assert all(x[key] is not None for x in s.rows)
