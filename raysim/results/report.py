@@ -353,6 +353,36 @@ def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRIC
     return "\n".join(lines) + "\n"
 
 
+def per_seed_table(rows: Sequence[dict[str, Any]], summary: dict[str, Any], last_k: int = 5) -> str:
+    """A markdown table, one row per trial (configuration and seed, in the summary's order): per
+    metric of the suite table, the trial's final value and its last-k mean, in %. ``rows`` are the
+    suite's ``metrics.parquet`` rows (each with its ``config`` and ``seed``). A claim "holds on
+    every seed" is read here."""
+    from raysim.results.metrics import MetricHistory
+
+    present = [m for m in DEFAULT_METRICS if any(c["mean"].get(m) is not None for c in summary["configs"])]
+    by_trial: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_trial.setdefault((str(r["config"]), int(r["seed"])), []).append(r)
+    header = ["configuration", "seed"] + [f"{m} {k}" for m in present for k in ("final", "last k")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in summary["configs"]:
+        for seed in c["seeds"]:
+            trial = sorted(by_trial.get((c["config"], int(seed)), []), key=lambda r: r["round"])
+            history = MetricHistory(trial)
+            final, last = history.final(), history.last(last_k, present)
+            cells = [_md(c["config"]), str(seed)]
+            for m in present:
+                cells += [_pct(_number(final.get(m))), _pct(last.get(m))]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> float | None:
+    """A metric's value, None where it has none (a NaN in a table's column)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
 def _seconds(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1f}"
 
@@ -463,6 +493,7 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
 
 __all__ = [
     "DEFAULT_METRICS",
+    "per_seed_table",
     "MISSING",
     "Run",
     "available_metrics",

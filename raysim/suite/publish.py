@@ -6,7 +6,8 @@
   rounds run, the seeds), the commit of the code that ran it, the wall time, and a table with a row
   per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
   metric, and the mean of each seed's best (the figure papers that report the highest accuracy
-  compare with), beside the paper's figure; then the curves, and ``notes.md`` if ``OUT`` has one;
+  compare with), beside the paper's figure; then (folded) each trial's final value and last-k
+  mean, seed by seed; then the curves, and ``notes.md`` if ``OUT`` has one;
 - ``summary.json``: the suite's own summary, as the suite wrote it;
 - ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band;
   where the trials ran a simulated deployment whose devices take time, also
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.results.report import curve_plots, suite_table
+from raysim.results.report import curve_plots, per_seed_table, suite_table
 
 PAGE = "README.md"
 NOTES = "notes.md"
@@ -127,6 +128,11 @@ def publish(
         "evaluated value. The paper's figure is as the suite file quotes it.",
         "",
         suite_table(summary),
+        "<details><summary>Per seed: each trial's final value and last-k mean (%)</summary>",
+        "",
+        per_seed_table(rows, summary, int(spec.get("base", {}).get("eval.last_k", 5))),
+        "</details>",
+        "",
     ]
     if pngs:
         parts += ["## Curves", "", *(f"![{p.stem}]({p.name})" for p in pngs), ""]

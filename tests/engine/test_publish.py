@@ -70,7 +70,8 @@ def test_the_published_page_carries_the_suites_numbers(tmp_path: Path) -> None:
     summary = json.loads((suite_dir / "summary.json").read_text())
     assert json.loads((out / "summary.json").read_text()) == summary
     page = (out / "README.md").read_text()
-    rows = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
+    table = page.split("<details>")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
     assert len(rows) == len(summary["configs"]) == 4
     for config, row in zip(summary["configs"], rows, strict=True):
         cells = [c.strip() for c in row.strip("|").split(" | ")]
@@ -87,6 +88,18 @@ def test_the_published_page_carries_the_suites_numbers(tmp_path: Path) -> None:
         assert cells[12] == config["paper"]
     # each partition its own figure of the row's "A / B"
     assert [c["paper"] for c in summary["configs"]] == ["81.1", "81.3", "79.5", "80.1"]
+    # per seed (folded): each trial's final value, its run's own summary.json's
+    folded = page.split("<details>")[1].split("</details>")[0]
+    seed_rows = [line for line in folded.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
+    assert len(seed_rows) == 8
+    for row in seed_rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        run = json.loads((suite_dir / "runs" / f"{cells[0]}-seed{cells[1]}" / "summary.json").read_text())
+        for i, m in enumerate(("gm_gtest", "gm_ptest", "lm_ptest")):
+            value = run["final"][m]
+            assert cells[2 + 2 * i] == ("–" if value is None else f"{100 * value:.2f}")
+            last = run["last"][m]
+            assert cells[3 + 2 * i] == ("–" if last is None else f"{100 * last:.2f}")
     assert "FedRep's personal heads win" in page  # the hand-written notes are kept
     assert "commit `" in page  # the suite recorded its commit (a git checkout), else the one given
     assert (out / "accuracy_gm_gtest.png").stat().st_size > 5000
@@ -124,7 +137,7 @@ def test_a_deployed_suites_page_gives_the_simulated_time_and_plots_against_it(tm
     summary = json.loads((suite_dir / "summary.json").read_text())
     page = (out / "README.md").read_text()
     assert "| sim. time (s) | reached gm_gtest ≥ 30.00 | sim. time to it (s) |" in page
-    rows = [line for line in page.splitlines() if line.startswith("| fedavg")]
+    rows = [line for line in page.split("<details>")[0].splitlines() if line.startswith("| fedavg")]
     assert len(rows) == len(summary["configs"]) == 2
     for config, row in zip(summary["configs"], rows, strict=True):
         cells = [c.strip() for c in row.strip("|").split(" | ")]
