@@ -151,7 +151,7 @@ class EvalConfig:
     #: ``rounds_to_target`` (None: not asked; both None if it was never reached)
     target: float | None = setting(None, above=0, at_most=1)
     #: the accuracy ``target`` reads; auto: lm_ptest for an algorithm with personal models, else gm_gtest
-    target_metric: Literal["auto", "gm_gtest", "gm_ptest", "lm_ptest"] = "auto"
+    target_metric: Literal["auto", "gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest"] = "auto"
 
 
 @dataclass(frozen=True)

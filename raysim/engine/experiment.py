@@ -161,6 +161,8 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
+    if cfg.eval.target_metric == "updated_lm_ptest" and not cfg.eval.updated_lm:
+        raise ConfigError("eval.target_metric=updated_lm_ptest needs eval.updated_lm=true (it is that setting's column).")
     if cfg.eval.updated_lm and cfg.train.batch_clients > 1 and cls.evaluates_personal(cfg):
         raise ConfigError(
             "eval.updated_lm with train.batch_clients > 1 reads only what a client uploads, and "

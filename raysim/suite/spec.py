@@ -61,6 +61,8 @@ SEARCH_METRICS = (
     "gm_ptest_weighted",
     "lm_ptest",
     "lm_ptest_weighted",
+    "updated_lm_ptest",
+    "updated_lm_ptest_weighted",
     "train_loss",
 )
 

@@ -81,3 +81,14 @@ def test_batched_personal_clients_are_refused(tmp_path):
                            set={**DATA, "eval.updated_lm": True, "train.batch_clients": 2})  # fmt: skip
     raysim.make_config(**TINY, algo="fedavg", clients=6, participation=0.5,
                        set={**DATA, "eval.updated_lm": True, "train.batch_clients": 2})  # fmt: skip
+
+
+def test_a_target_on_the_updated_models_needs_them(tmp_path):
+    with pytest.raises(ConfigError, match="needs eval.updated_lm=true"):
+        raysim.make_config(**TINY, algo="cfl", clients=6, set={**DATA, "eval.target": 0.5, "eval.target_metric": "updated_lm_ptest"})
+    for bad in ("updated_lm", "updated_lm_ptest_weighted", 1):
+        with pytest.raises(ConfigError, match="target_metric"):
+            raysim.make_config(**TINY, algo="cfl", clients=6, set={**DATA, "eval.updated_lm": True, "eval.target_metric": bad})
+    res = raysim.run(**TINY, algo="cfl", clients=2, participation=1.0, out=str(tmp_path / "t"),
+                     set={**DATA, "eval.updated_lm": True, "eval.target": 0.01, "eval.target_metric": "updated_lm_ptest"})  # fmt: skip
+    assert res.summary["rounds_to_target"] == 1  # the first evaluation after training reaches 1 %
