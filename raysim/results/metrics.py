@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.records import ClientEval, EvalReport
+from raysim.records import EvalReport
 
 METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest")
 
@@ -72,12 +72,14 @@ def with_updated_lm(report: EvalReport, updated: Sequence[tuple[int, int]], as_l
     the round's trained clients; the others have none), and where ``as_lm`` (an algorithm without
     personal models) its ``lm_correct`` the same."""
     by_client = dict(updated)
-
-    def one(c: ClientEval) -> ClientEval:
-        u = by_client.get(c.client)
-        return dataclasses.replace(c, ulm_correct=u, lm_correct=u) if as_lm else dataclasses.replace(c, ulm_correct=u)
-
-    clients = tuple(one(c) for c in report.clients)
+    clients = tuple(
+        dataclasses.replace(
+            c,
+            ulm_correct=by_client.get(c.client),
+            lm_correct=by_client.get(c.client) if as_lm else c.lm_correct,
+        )
+        for c in report.clients
+    )
     return dataclasses.replace(report, clients=clients)
 
 

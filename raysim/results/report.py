@@ -36,6 +36,11 @@ REPORT_NAME = "report.md"
 _METRIC_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
+def metric_value(value: Any) -> float | None:
+    """A metric's value from a table's row, None where it has none (null, or NaN in a column)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
 @dataclass
 class Run:
     """One run directory: its label in plots and tables, its resolved config and its metrics rows."""
@@ -50,11 +55,11 @@ class Run:
         rounds: list[int] = []
         values: list[float] = []
         for row in self.rows:
-            v = row.get(column)
-            if v is None or (isinstance(v, float) and math.isnan(v)):
+            v = metric_value(row.get(column))
+            if v is None:
                 continue
             rounds.append(int(row["round"]))
-            values.append(float(v))
+            values.append(v)
         return rounds, values
 
     def has(self, column: str) -> bool:
@@ -88,12 +93,7 @@ class Run:
 
     def final(self, metric: str) -> float | None:
         """The value of ``metric`` at the last evaluated round (None where it is null there)."""
-        if not self.rows:
-            return None
-        v = self.rows[-1].get(metric)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return float(v)
+        return metric_value(self.rows[-1].get(metric)) if self.rows else None
 
 
 def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
@@ -373,14 +373,9 @@ def per_seed_table(rows: Sequence[dict[str, Any]], summary: dict[str, Any], last
             final, last = history.final(), history.last(last_k, present)
             cells = [_md(c["config"]), str(seed)]
             for m in present:
-                cells += [_pct(_number(final.get(m))), _pct(last.get(m))]
+                cells += [_pct(metric_value(final.get(m))), _pct(last.get(m))]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _number(value: Any) -> float | None:
-    """A metric's value, None where it has none (a NaN in a table's column)."""
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 def _seconds(value: float | None) -> str:
@@ -403,11 +398,11 @@ def band_plot(rows: Sequence[dict[str, Any]], metric: str, path: Path, *, agains
 
     by_config: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for r in rows:
-        v = r.get(metric)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
+        v = metric_value(r.get(metric))
+        if v is None:
             continue
         x = float(r["round"] if against == "round" else r.get(against) or 0.0)
-        by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append((x, float(v)))
+        by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append((x, v))
     if not by_config:
         return False
     many = len(by_config) > 10  # beyond the default cycle's colours: tab20's, the legend beside the plot
@@ -493,7 +488,6 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
 
 __all__ = [
     "DEFAULT_METRICS",
-    "per_seed_table",
     "MISSING",
     "Run",
     "available_metrics",
@@ -503,6 +497,8 @@ __all__ = [
     "default_labels",
     "load_run",
     "load_runs",
+    "metric_value",
+    "per_seed_table",
     "plot_loss",
     "plot_metric",
     "suite_table",
