@@ -309,11 +309,16 @@ def write_report(
 # suites (raysim.suite)
 
 
+def summary_metrics(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> list[str]:
+    """Those of ``metrics`` that some configuration of a suite's summary has a final value of."""
+    return [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
+
+
 def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
     """A markdown table, one row per configuration: its seeds, the rounds its trials ran and, per
     metric, the mean ± std over seeds of the final value and of the last-k mean, and the mean best;
     the paper's figure beside."""
-    present = [m for m in metrics if any(c["mean"].get(m) is not None for c in summary["configs"])]
+    present = summary_metrics(summary, metrics)
     header = ["configuration", "seeds", "rounds"]
     for m in present:
         header += [f"{m} final", f"{m} last k", f"{m} best"]
@@ -360,7 +365,7 @@ def per_seed_table(rows: Sequence[dict[str, Any]], summary: dict[str, Any], last
     every seed" is read here."""
     from raysim.results.metrics import MetricHistory
 
-    present = [m for m in DEFAULT_METRICS if any(c["mean"].get(m) is not None for c in summary["configs"])]
+    present = summary_metrics(summary)
     by_trial: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
         by_trial.setdefault((str(r["config"]), int(r["seed"])), []).append(r)
@@ -502,6 +507,7 @@ __all__ = [
     "plot_loss",
     "plot_metric",
     "suite_table",
+    "summary_metrics",
     "write_report",
     "write_suite_report",
 ]
