@@ -21,7 +21,7 @@ of GCE's and CoV's parameters (weight decay mu on those two modules only, as the
 optimizers apply it: PFLlib's ``clientgpfl`` gives ``weight_decay=mu`` to its GCE and CoV optimizers
 and none to the model's). Everything (phi, the head, GCE, CoV) trains together for E epochs; phi,
 GCE and CoV are uploaded and averaged by training-set size, the head stays on the client's home
-worker. (Until commit 9ac0db4 the mu term covered phi and the head too: a decay of 0.1 % a step on
+worker. (Before commit f29cda5 the mu term covered phi and the head too: a decay of 0.1 % a step on
 the whole network. FedFCD's Table 1 rows ended at 88.23 (Pat) and 86.14 (Dir(0.1)) with it, and at
 94.71 and 92.80 without it: docs/results/gpfl_fix.)
 

@@ -178,15 +178,15 @@ def _pac(input_shape: Sequence[int], num_classes: int, convs: Sequence[tuple[int
 def cnn_pac(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     """FedPAC's (E)MNIST/FMNIST CNN (seed 001; the authors' ``CNN_FMNIST``, JianXu95/FedPAC
     ``models/cnn.py``): conv 16 5x5, conv 32 5x5 with padding 1 (each max-pooled, LeakyReLU), FC 128
-    LeakyReLU | - | FC C; on 28x28 inputs the FC reads 32 x 5 x 5 = 800 values. (Until commit
-    0f177e7 the second conv had no padding, 512 values: results pages of code before then used it.)"""
+    LeakyReLU | - | FC C; on 28x28 inputs the FC reads 32 x 5 x 5 = 800 values. (Before commit
+    3833de0 the second conv had no padding, 512 values: results pages of code before then used it.)"""
     return _pac(input_shape, num_classes, ((16, 5, 0), (32, 5, 1)))
 
 
 def cnn_pac_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     """FedPAC's CIFAR/CINIC CNN (the authors' ``CifarCNN``): as ``cnn_pac`` plus a 3x3 conv 64 with
     padding 1, each of the three max-pooled, then FC 128 | - | FC C (64 x 3 x 3 = 576 values on
-    32x32 inputs). (Until commit 0f177e7 the third conv had neither padding nor pool.)"""
+    32x32 inputs). (Before commit 3833de0 the third conv had neither padding nor pool.)"""
     return _pac(input_shape, num_classes, ((16, 5, 0), (32, 5, 1), (64, 3, 1)))
 
 
