@@ -96,10 +96,10 @@ def ray_local() -> Iterator[None]:
     """One local Ray for the whole session (2 CPUs, loopback), shut down at the end."""
     import ray
 
-    from raysim.engine.executors.session import minimal_agent
+    from raysim.engine.executors.session import lean_start
 
     if not ray.is_initialized():
-        with minimal_agent():  # as a local run starts it: seconds sooner
+        with lean_start():  # as a local run starts it: seconds sooner
             # a Ray of its own, even where `ray start` left a cluster (or its address file) here
             ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield

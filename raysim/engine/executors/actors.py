@@ -26,22 +26,26 @@ if TYPE_CHECKING:
 class ClientWorker:
     """A client-worker actor: hosts the clients whose home it is (and runs stateless jobs).
 
-    The constructor only keeps its arguments; :meth:`setup` builds the runtime, so that bad input
+    The constructor only keeps its arguments, and the data comes to :meth:`setup`, not to the
+    constructor: an actor whose constructor waits for an argument is not started until the argument
+    exists, and the worker's process can start (and import PyTorch, most of its start) while the
+    driver puts the data into the object store. :meth:`setup` builds the runtime, so that bad input
     found there (a model that does not fit the data) reaches the driver as its ConfigError."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, index: int) -> None:
-        self.cfg, self.data, self.index = cfg, data, index
+    def __init__(self, cfg: ExperimentConfig, index: int) -> None:
+        self.cfg, self.index = cfg, index
 
-    def setup(self) -> tuple[str, str]:
-        """Build the runtimes (one per job slot, :mod:`~raysim.engine.executors.slots`); returns (torch
-        device, Ray node id)."""
+    def setup(self, data: FederatedData) -> tuple[str, str]:
+        """Build the runtimes on ``data`` (one per job slot, :mod:`~raysim.engine.executors.slots`);
+        returns (torch device, Ray node id)."""
         import ray
 
         from raysim.engine.executors.slots import JobSlots
         from raysim.logs import setup_worker_logging
 
         setup_worker_logging()
-        self.slots = JobSlots(self.cfg, self.data, self.cfg.worker_jobs)
+        self.data = data
+        self.slots = JobSlots(self.cfg, data, self.cfg.worker_jobs)
         self.runtime = self.slots.main
         self.slots.warm_up()
         return str(self.runtime.device), ray.get_runtime_context().get_node_id()
@@ -177,30 +181,30 @@ class ServerActor:
         return out
 
     def aggregate(
-        self, rnd: int, segments: Sequence[Sequence[Any]], presums: dict[int, tuple[Any, int]]
+        self,
+        rnd: int,
+        segments: Sequence[Sequence[Piece]],
+        presums: dict[int, tuple[int, int]],
+        *values: Any,
     ) -> tuple[RoundStats, Any]:
         """Called with ``num_returns=2``: the round's statistics and the new server state (kept
-        by the driver as the last good state). ``segments``: per planned job, its segments'
-        results, each an ObjectRef of them or ``(ref of a run_jobs bundle, position)``;
-        ``presums``: the blocks summed on the workers, by their first job (a bundle's ref and the
-        block's place in it). Every object is fetched in one ``ray.get``."""
-        import ray
+        by the driver as the last good state). ``values``: the round's result objects, each once
+        (Ray fetches them before the call: they come as its top-level ObjectRefs); ``segments``:
+        per planned job, its segments' results as pieces of them (:func:`pieces_of`);
+        ``presums``: the blocks summed on the workers, by their first job (a bundle's index
+        among ``values`` and the block's place in it)."""
 
-        refs = {ref: None for ref in ray_refs(segments, presums)}
-        values = dict(zip(refs, ray.get(list(refs)), strict=True))
-
-        def value(piece: Any) -> Any:
-            if isinstance(piece, tuple):
-                return values[piece[0]][0][piece[1]]
-            return values[piece]
+        def value(piece: Piece) -> Any:
+            i, position = piece
+            return values[i] if position is None else values[i][0][position]
 
         results = []
         for j, (job, pieces) in enumerate(zip(self._jobs, segments, strict=True)):
             links = [r for piece in pieces for r in value(piece)]
             presum = None
             if j in presums:
-                ref, k = presums[j]
-                presum = values[ref][1][k]
+                i, k = presums[j]
+                presum = values[i][1][k]
             results.append(JobResult(job, tuple(links), presum))
         return self.host.aggregate(rnd, results), self.host.saved
 
@@ -221,10 +225,31 @@ class ServerActor:
         self.host.restore(state)
 
 
-def ray_refs(segments: Sequence[Sequence[Any]], presums: dict[int, tuple[Any, int]]) -> list[Any]:
-    """The ObjectRefs that ``ServerActor.aggregate``'s arguments name, each once, in order."""
-    out = [piece[0] if isinstance(piece, tuple) else piece for pieces in segments for piece in pieces]
-    return list(dict.fromkeys([*out, *(ref for ref, _ in presums.values())]))
+#: one piece of a round's results: the index of its object among the call's values, and its place
+#: in a ``run_jobs`` bundle (None: the object is the segment's results themselves)
+Piece = tuple[int, int | None]
+
+
+def pieces_of(
+    segments: Sequence[Sequence[Any]], presums: dict[int, tuple[Any, int]]
+) -> tuple[list[Any], list[list[Piece]], dict[int, tuple[int, int]]]:
+    """The arguments of ``ServerActor.aggregate`` for a round whose results are ``segments`` (per
+    planned job, its segments' results: each an ObjectRef of them or ``(ref of a run_jobs
+    bundle, position)``) and ``presums`` (by first job, ``(bundle ref, block)``): the distinct
+    ObjectRefs in order, and both with each ref replaced by its index among them. A round of
+    hundreds of one-step clients names a worker's bundle hundreds of times; Ray would serialise
+    each naming of a ref on its own, and here it goes once."""
+    index: dict[Any, int] = {}
+
+    def at(ref: Any) -> int:
+        return index.setdefault(ref, len(index))
+
+    coded = [
+        [(at(piece[0]), piece[1]) if isinstance(piece, tuple) else (at(piece), None) for piece in pieces]
+        for pieces in segments
+    ]
+    blocks = {first: (at(ref), k) for first, (ref, k) in presums.items()}
+    return list(index), coded, blocks
 
 
 def config_errors_first(refs: Sequence[Any]) -> Any:
@@ -240,4 +265,4 @@ def config_errors_first(refs: Sequence[Any]) -> Any:
         raise
 
 
-__all__ = ["Block", "ClientWorker", "ServerActor", "config_errors_first", "ray_refs"]
+__all__ = ["Block", "ClientWorker", "Piece", "ServerActor", "config_errors_first", "pieces_of"]

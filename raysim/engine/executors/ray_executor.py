@@ -27,7 +27,7 @@ from raysim.capabilities.presum import PRESUM_MIN_JOBS, SUM_BLOCK, Presum
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.engine.executors import session
-from raysim.engine.executors.actors import Block, ServerActor, config_errors_first
+from raysim.engine.executors.actors import Block, ServerActor, config_errors_first, pieces_of
 from raysim.engine.executors.base import DataLoader
 from raysim.engine.executors.evaluation import (
     accuracy_of,
@@ -52,9 +52,16 @@ class RayExecutor:
     """See the module docstring. ``owns_ray``: this executor started Ray and stops it at the end."""
 
     def __init__(
-        self, experiment: ExperimentConfig | Experiment, data: FederatedData, num_workers: int, owns_ray: bool = False
+        self,
+        experiment: ExperimentConfig | Experiment,
+        data: FederatedData,
+        num_workers: int,
+        owns_ray: bool = False,
+        pool: WorkerPool | None = None,
     ) -> None:
-        """``experiment``: checked by the runner, or a bare config (its algorithm resolved here)."""
+        """``experiment``: checked by the runner, or a bare config (its algorithm resolved here);
+        ``pool``: the client workers, started already (:meth:`start` starts them while the data
+        loads), else started here."""
         import ray
 
         exp = Experiment.of(experiment)
@@ -69,12 +76,14 @@ class RayExecutor:
         self._presums: dict[int, tuple[Any, int]] = {}  # this round's worker sums, by their block's first job
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
+        # the workers' processes start (and import PyTorch) while the data goes into the store
+        self.pool = pool if pool is not None else WorkerPool(cfg, num_workers)
+        self.pool.place(lpt_assign([float(s) for s in self.sizes], num_workers))
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
         # the driver keeps the object-store copy too, not a private one of its own
         self.data: FederatedData = ray.get(data_ref)
         stats = ClientStats.from_label_counts(data.train_label_counts(), data.train.input_shape)
-        self.pool = WorkerPool(cfg, data_ref, lpt_assign([float(s) for s in self.sizes], num_workers), num_workers)
-        setups = [w.setup.remote() for w in self.pool.workers]
+        setups = self.pool.setup(data_ref)
         # the server starts from worker 0's seeded initial weights (an ObjectRef that Ray resolves
         # once worker 0 is set up); it needs no model, and so no PyTorch, of its own
         init_weights = self.pool.workers[0].initial_weights.remote()
@@ -99,22 +108,28 @@ class RayExecutor:
     @classmethod
     def start(cls, experiment: Experiment, load_data: DataLoader) -> RayExecutor:
         """Start local Ray (or join the configured cluster, or use the Ray session already running
-        here) while the data loads in a thread (both are mostly waiting), then the actors."""
+        here) and the client workers' actors while the data loads in a thread (they are mostly
+        waiting, or in other processes), then set the actors up on the data. Where the data
+        fails, its error is the one raised."""
         cfg = experiment.cfg
         started = False
+        pool: WorkerPool | None = None
         try:
             with ThreadPoolExecutor(1) as threads:
                 loading = threads.submit(load_data)
                 try:
                     started = session.start_ray(cfg)
+                    workers = session.default_workers(cfg)
+                    session.check_resources(cfg, workers)
+                    pool = WorkerPool(cfg, workers)
                 finally:
                     data = loading.result()
-            workers = session.default_workers(cfg)
-            session.check_resources(cfg, workers)
-            return cls(experiment, data, workers, owns_ray=started)
+            return cls(experiment, data, workers, owns_ray=started, pool=pool)
         except BaseException:
             if started:
                 session.stop_ray()
+            elif pool is not None:  # a Ray session that stays: the actors go
+                pool.shutdown()
             raise
 
     @property
@@ -177,9 +192,8 @@ class RayExecutor:
                         homecoming += self._send_home(m.worker, m.clients, states)
             if failure is not None:
                 self.pool.recover(failure, self.server)
-        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(
-            rnd, plan.per_planned_job(results), self._presums
-        )
+        refs, segments, presums = pieces_of(plan.per_planned_job(results), self._presums)
+        stats_ref, state_ref = self.server.aggregate.options(num_returns=2).remote(rnd, segments, presums, *refs)
         stats: RoundStats = server_get(stats_ref)
         ray.get(homecoming)
         self.server_state = state_ref

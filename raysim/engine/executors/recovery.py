@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raysim.config import ExperimentConfig
-from raysim.engine.executors.actors import ClientWorker, config_errors_first
+from raysim.engine.executors.actors import ClientWorker
 from raysim.errors import RunAborted
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,15 @@ class WorkerPool:
     """The client-worker actors (worker ``w`` hosts the clients whose ``home`` is ``w``), the refs
     of every client's latest memory, and the replacement of workers that die."""
 
-    def __init__(self, cfg: ExperimentConfig, data_ref: Any, home: Sequence[int], num_workers: int) -> None:
+    def __init__(self, cfg: ExperimentConfig, num_workers: int) -> None:
+        """The actors start at once, before the data is there (their processes start and import
+        PyTorch, most of a worker's start, while the driver loads it); :meth:`place` gives them
+        their clients and :meth:`setup` the data."""
         import ray
 
         self.cfg = cfg
-        self.data_ref = data_ref
-        self.home = list(home)
+        self.data_ref: Any = None
+        self.home: list[int] = []
         self.restarts = 0
         self._cls: Any = ray.remote(ClientWorker)
         self.workers: list[Any] = [self._new_worker(i) for i in range(num_workers)]
@@ -77,12 +80,17 @@ class WorkerPool:
             num_cpus=self.cfg.ray.cpus_per_worker,
             num_gpus=self.cfg.ray.gpus_per_worker,
             scheduling_strategy=strategy,
-        ).remote(self.cfg, self.data_ref, index)
+        ).remote(self.cfg, index)
 
-    def setup(self) -> list[tuple[str, str]]:
-        """Build every worker's runtime; (torch device, node id) of each."""
-        placed: list[tuple[str, str]] = config_errors_first([w.setup.remote() for w in self.workers])
-        return placed
+    def place(self, home: Sequence[int]) -> None:
+        """Client ``c``'s home is worker ``home[c]``."""
+        self.home = list(home)
+
+    def setup(self, data_ref: Any) -> list[Any]:
+        """Every worker's runtime, built on the data at ``data_ref`` (an object-store ref, which
+        a replacement worker is given too): the calls' refs, each to (torch device, node id)."""
+        self.data_ref = data_ref
+        return [w.setup.remote(data_ref) for w in self.workers]
 
     def clients_of(self, worker: int) -> list[int]:
         return [c for c, w in enumerate(self.home) if w == worker]
@@ -132,7 +140,7 @@ class WorkerPool:
             for c in mine:
                 by_ref.setdefault(self.latest[c], []).append(c)
             refs = list(by_ref)
-            setup = worker.setup.remote()
+            setup = worker.setup.remote(self.data_ref)
             restored = worker.import_states.remote([by_ref[r] for r in refs], *refs)
             try:
                 ray.get([setup, restored], timeout=self.cfg.ray.replace_timeout_s)

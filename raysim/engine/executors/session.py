@@ -118,7 +118,7 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     kwargs: dict[str, object] = {}
     if cfg.ray.object_store_mb:
         kwargs["object_store_memory"] = cfg.ray.object_store_mb * 1024 * 1024
-    with minimal_agent():
+    with lean_start():
         ray.init(
             address="local",  # a new Ray of our own, even where `ray start` left a cluster running
             include_dashboard=False,
@@ -135,27 +135,46 @@ def start_ray(cfg: ExperimentConfig) -> bool:
 
 
 @contextlib.contextmanager
-def minimal_agent() -> Iterator[None]:
-    """While a local Ray starts: its node's dashboard agent in Ray's minimal mode.
+def lean_start() -> Iterator[None]:
+    """While a local Ray starts: none of the dashboard's processes that a local run never reads.
 
-    The raylet waits for its dashboard agent's metrics exporter before it registers, and the full
-    agent loads every dashboard module first: 4 of the 6.6 s that ``ray.init`` took here (issue
-    29). A local run reads nothing from the dashboard, its metrics or the job and state APIs (a
-    cluster started with ``ray start`` keeps the full agent, for ``ray job submit``). Ray starts
-    the minimal agent when the dashboard's packages cannot be imported, which it asks of
-    ``ray._private.utils.get_dashboard_dependency_error``; that answer is replaced for the
-    start only, and where a Ray has no such function nothing changes."""
-    from ray._private import utils
+    - Its node's dashboard agent runs in Ray's minimal mode. The raylet waits for that agent's
+      metrics exporter before it registers, and the full agent loads every dashboard module
+      first: 4 of the 6.6 s that ``ray.init`` took here (issue 29). Ray starts the minimal agent
+      when the dashboard's packages cannot be imported, which it asks of
+      ``ray._private.utils.get_dashboard_dependency_error``; that answer is replaced for the
+      start only.
+    - No dashboard head (Ray's "API server"). With ``include_dashboard=False`` Ray still starts
+      it, with its usage-statistics module alone (off here), and waits for it to publish its
+      address before it starts the raylet: 0.5 of the remaining 2.1 s of ``ray.init``
+      (``scripts/bench/overhead.py`` reports the start-up), and a Python process's start on
+      the run's cores. ``ray._private.node.Node.start_api_server`` does nothing for the start
+      only; the node has no dashboard address, as when Ray's dashboard fails to start.
 
-    original = getattr(utils, "get_dashboard_dependency_error", None)
-    if original is None:
-        yield
-        return
-    utils.get_dashboard_dependency_error = lambda: ImportError("raysim: a local Ray runs its agent minimal")
+    A local run reads nothing from the dashboard, its metrics, or the job and state APIs that
+    the dashboard head serves (a cluster started with ``ray start`` keeps all of them, for ``ray
+    job submit``). Where a Ray lacks either function, that part changes nothing."""
+    from ray._private import node, utils
+
+    patches: list[tuple[Any, str, Any]] = []
+    if getattr(utils, "get_dashboard_dependency_error", None) is not None:
+        patches.append(
+            (utils, "get_dashboard_dependency_error", lambda: ImportError("raysim: a local Ray runs its agent minimal"))
+        )
+    if getattr(node.Node, "start_api_server", None) is not None:
+
+        def no_api_server(self: Any, **_: Any) -> None:
+            self._webui_url = None
+
+        patches.append((node.Node, "start_api_server", no_api_server))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
-        utils.get_dashboard_dependency_error = original
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 def default_workers(cfg: ExperimentConfig) -> int:
