@@ -26,7 +26,7 @@ from raysim.models import set_weights
 from raysim.records import EvalPart, EvalTarget
 from raysim.toolkit.allocator import keep_freed_memory
 from raysim.toolkit.context import ClientContext, ClientMemory, ClientWorkspace
-from raysim.toolkit.train import SGDConfig, local_train, predict
+from raysim.toolkit.train import SGDConfig, cross_entropy, local_train, predict
 from raysim.weights import PARTS, payload_nbytes
 from raysim.wire import ClientResult
 
@@ -49,7 +49,9 @@ class ClientRuntime(ClientWorkspace):
     def warm_up(self) -> None:
         """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
         thread count, so that first-call costs (kernel selection, allocator growth, lazy imports)
-        fall in start-up rather than in round 1. Touches no state and no random stream."""
+        fall in start-up rather than in round 1; in batched mode (``train.batch_clients`` > 1) one
+        batched step of two clients too, whose gradient transform imports TorchDynamo on its first
+        call (about 1.5 s here). Touches no state and no random stream."""
         torch.set_num_threads(self.cfg.train_threads)
         model = copy.deepcopy(self.model)
         shape = self.data.train.input_shape
@@ -63,6 +65,11 @@ class ClientRuntime(ClientWorkspace):
             parts=PARTS,
             sgd=SGDConfig(t.lr, t.momentum, t.weight_decay),
         )
+        if self.cfg.train.batch_clients > 1:
+            from raysim.toolkit.batched import BatchedTrainer
+
+            trainer = BatchedTrainer(model, PARTS, 2)
+            trainer.train([[(x, y)], [(x, y)]], SGDConfig(t.lr, t.momentum, t.weight_decay), cross_entropy)
         model.eval()
         predict(
             model,

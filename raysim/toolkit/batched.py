@@ -159,9 +159,10 @@ class BatchedTrainer:
             groups = [[i for i in live if sizes[i] == top]] + [[i] for i in live if sizes[i] != top]
             for group in groups:
                 idx = torch.tensor(group, device=device)
-                params = tuple(s.index_select(0, idx) for s in self.stacks)
-                held = tuple(s.index_select(0, idx) for s in self.frozen_stacks)
-                more = tuple(t.index_select(0, idx) for t in extra)
+                whole = group == list(range(self.k))  # every client: the stacks themselves, not copies
+                params = tuple(self.stacks) if whole else tuple(s.index_select(0, idx) for s in self.stacks)
+                held = tuple(s if whole else s.index_select(0, idx) for s in self.frozen_stacks)
+                more = tuple(t if whole else t.index_select(0, idx) for t in extra)
                 if len(group) > 1:
                     x = torch.stack([current[i][0] for i in group])  # type: ignore[index]
                     y = torch.stack([current[i][1] for i in group])  # type: ignore[index]
@@ -171,7 +172,7 @@ class BatchedTrainer:
                     one = tuple(p[0] for p in params)
                     g, loss = step_one(one, tuple(h[0] for h in held), tuple(t[0] for t in more), b[0], b[1])  # type: ignore[index]
                     grads, losses = tuple(t.unsqueeze(0) for t in g), loss.unsqueeze(0)
-                self._sgd(idx, params, grads, sgd)
+                self._sgd(idx, params, grads, sgd, whole)
                 loss_sum.index_add_(0, idx, losses.detach().to(torch.float64))
                 for i in group:
                     steps[i] += 1
@@ -185,21 +186,49 @@ class BatchedTrainer:
         params: tuple[torch.Tensor, ...],
         grads: tuple[torch.Tensor, ...],
         sgd: SGDConfig,
+        whole: bool,
     ) -> None:
         """``torch.optim.SGD``'s step for the clients ``idx``: d = g + wd p; buf = d at a client's
-        first step, else momentum buf + d; p -= lr buf (lr d without momentum)."""
+        first step, else momentum buf + d; p -= lr buf (lr d without momentum). ``whole``: ``idx``
+        is every client in order and ``params`` are the stacks themselves, updated in place.
+
+        The step reads and writes K models' worth of memory per operation, which on a CPU does not
+        stay in its caches: it takes as few passes as the arithmetic allows (the gradient, a fresh
+        tensor, takes the decay in place; the buffers of a step where every client starts are that
+        step's d, not a copy; a group of clients all past their first step needs no select
+        between the two rules). Each value is computed by the same operations as before, so the
+        numbers do not change."""
         first = ~self.started.index_select(0, idx)
+        all_first = bool(first.all())
+        none_first = not all_first and not bool(first.any())
         with torch.no_grad():
             for n, (stack, p, g) in enumerate(zip(self.stacks, params, grads, strict=True)):
-                d = g.add(p, alpha=sgd.weight_decay) if sgd.weight_decay != 0 else g
+                d = g.add_(p, alpha=sgd.weight_decay) if sgd.weight_decay != 0 else g
                 if sgd.momentum != 0:
                     buf = self.bufs[n]
-                    if buf is None:
-                        buf = self.bufs[n] = torch.zeros_like(stack)
-                    shape = (-1,) + (1,) * (d.dim() - 1)
-                    d = torch.where(first.view(shape), d, buf.index_select(0, idx).mul(sgd.momentum).add(d))
-                    buf.index_copy_(0, idx, d)
-                stack.index_copy_(0, idx, p.add(d, alpha=-sgd.lr))
+                    if all_first:
+                        pass  # buf = d
+                    elif none_first:
+                        assert buf is not None
+                        d = buf.index_select(0, idx).mul_(sgd.momentum).add_(d)
+                    else:
+                        if buf is None:
+                            buf = self.bufs[n] = torch.zeros_like(stack)
+                        shape = (-1,) + (1,) * (d.dim() - 1)
+                        d = torch.where(first.view(shape), d, buf.index_select(0, idx).mul(sgd.momentum).add(d))
+                    if whole and buf is None:
+                        self.bufs[n] = d  # d is no longer written: the buffers alias it
+                    else:
+                        if buf is None:
+                            buf = self.bufs[n] = torch.zeros_like(stack)
+                        if whole:
+                            buf.copy_(d)
+                        else:
+                            buf.index_copy_(0, idx, d)
+                if whole:
+                    stack.add_(d, alpha=-sgd.lr)
+                else:
+                    stack.index_copy_(0, idx, p.add(d, alpha=-sgd.lr))
         self.started.index_fill_(0, idx, True)
 
 
