@@ -64,7 +64,12 @@ class SGD:
             if self.momentum != 0:
                 buf = self.buffers[i]
                 if buf is None:
-                    buf = self.buffers[i] = g.detach().clone()
+                    # the first step's buffer is d itself, not a copy of it (as torch.optim.SGD
+                    # makes): d is this step's gradient, which the next zero_grad drops (or a
+                    # tensor made above), so nothing else writes it, and a client of one step
+                    # (the cross-device regime) copies no model's worth of memory for a buffer
+                    # it never uses again; the values are the same
+                    buf = self.buffers[i] = g.detach()
                 else:
                     buf.mul_(self.momentum).add_(g, alpha=1)
                 g = buf

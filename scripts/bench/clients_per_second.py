@@ -2,7 +2,9 @@
 """Client updates per second on one worker: one by one against batched (``train.batch_clients``).
 
 Workload (issue 16): FedAvg's local update, ``cnn3p2_fmnist`` at batch 40, one local epoch, on
-Fashion-MNIST Dir(0.1) over 100 clients (``--dataset synthetic`` for a machine without it:
+Fashion-MNIST Dir(0.1) over 100 clients (``--partition``, ``--federation``: e.g. ``--partition iid
+--federation 3000`` for the cross-device regime's one-step clients of 20 samples, issue 29;
+``--dataset synthetic`` for a machine without it:
 Gaussian images in Fashion-MNIST's shape and sizes). One client runtime (what a worker hosts) trains
 the same ``--clients`` clients from the same global model, ``--repeats`` times for each setting:
 one by one (``run_chain``, as ``batch_clients=1``) and in batches of K (``run_batch``) for each K of
@@ -32,18 +34,28 @@ def main() -> None:
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--model", default="cnn3p2_fmnist")
     parser.add_argument("--clients", type=int, default=20, help="client updates per timed pass")
+    parser.add_argument("--partition", default="dirichlet:0.1", help="how the data is split (data.partition)")
+    parser.add_argument("--federation", type=int, default=100, help="clients the data is split over")
     parser.add_argument("--batch", type=int, nargs="+", default=[5, 10, 20], help="the K to time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    if args.federation < 1:
+        parser.error(f"--federation must be at least 1, not {args.federation}")
+    if not 1 <= args.clients <= args.federation:
+        parser.error(f"--clients must be from 1 to --federation ({args.federation}), not {args.clients}")
+    if any(k < 2 for k in args.batch):
+        parser.error(f"--batch takes batch sizes of at least 2, not {min(args.batch)}")
+    if args.repeats < 1 or args.threads < 1:
+        parser.error(f"--repeats and --threads must be at least 1, not {args.repeats} and {args.threads}")
 
     import torch
 
     from raysim.config import ExperimentConfig, RayConfig
-    from raysim.data import build_federated_data
     from raysim.engine.client import ClientRuntime
     from raysim.engine.runner import prepare
+    from raysim.errors import ConfigError
     from raysim.wire import WeightsPayload
 
     cfg = ExperimentConfig()
@@ -51,11 +63,11 @@ def main() -> None:
         cfg,
         algo="fedavg",
         model=args.model,
-        clients=100,
+        clients=args.federation,
         data=replace(
             cfg.data,
             dataset=args.dataset,
-            partition="dirichlet:0.1",
+            partition=args.partition,
             # synthetic data in Fashion-MNIST's shape and sizes, so that the same model and
             # partition fit it (its default 2000 samples leave Dir(0.1) clients under min_samples)
             synthetic=replace(cfg.data.synthetic, train_samples=60000, test_samples=10000, shape=(1, 28, 28)),
@@ -63,8 +75,10 @@ def main() -> None:
         train=replace(cfg.train, local_epochs=1, batch_size=40, lr=0.01, threads=args.threads),
         ray=RayConfig(executor="serial", gpus_per_worker=1.0 if args.device == "cuda" else 0.0),
     )
-    prepare(cfg)  # checks the settings
-    data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
+    try:
+        data = prepare(cfg)  # checks the settings, then the data
+    except ConfigError as e:
+        parser.error(str(e))
     torch.set_num_threads(args.threads)
     runtime = ClientRuntime(cfg, data)
     runtime.warm_up()
