@@ -14,8 +14,11 @@ with its clients' results, their weights left out (:class:`raysim.wire.JobResult
 
 It applies where the round has nothing else to do with the uploads: the class's ``aggregate`` is
 the one that declared it (a subclass with its own aggregate has no ``Presum``), the jobs are
-unpinned single clients, training is one by one (``train.batch_clients`` 1) and the deployment is
-ideal (a deployment that loses or drops updates chooses them after training, on the server).
+unpinned single clients and the deployment is ideal (a deployment that loses or drops updates
+chooses them after training, on the server). Batched training (``train.batch_clients`` K > 1) too:
+a batch is K consecutive jobs of the plan trained on one worker, which sums the blocks the batch
+holds whole (all of them where K is a multiple of :data:`SUM_BLOCK`, as the batches start at
+multiples of K); the server sums a block that two batches share from its uploads.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ class Presum(Capability):
             and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
             and bool(getattr(klass, "shared_parts", ()))
             and not getattr(klass, "pinned", True)
-            and cfg.train.batch_clients == 1
             and apply_preset(cfg).deployment.ideal  # a named deployment's settings, where a preset is given
         )
 

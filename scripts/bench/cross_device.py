@@ -205,7 +205,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each program (medians reported)")
     ap.add_argument("--models", default="cnn3p2_fmnist,mlp_fcd", help="comma-separated")
     ap.add_argument("--per-round", default="200,1000", help="clients a round, comma-separated")
-    ap.add_argument("--batch-clients", type=int, default=20, help="K of the batched layout")
+    ap.add_argument(
+        "--batch-clients", type=int, default=16,
+        help="K of the batched layout (a multiple of 8: each batch's worker then sums its uploads)",
+    )  # fmt: skip
     ap.add_argument("--peer", choices=["pfl"], help="run pfl-research on the same workload too")
     ap.add_argument("--pfl-python", help="the peer's Python (default: .bench-venvs/pfl, made if missing)")
     ap.add_argument("--plain-child", nargs=2, metavar=("MODEL", "K"), help=argparse.SUPPRESS)

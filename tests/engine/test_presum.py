@@ -120,7 +120,7 @@ def test_a_block_without_its_sum_or_uploads_is_refused():
         ("ditto", {}, False),  # pinned: personal models on home workers
         ("fedper", {}, False),
         ("local", {}, False),  # nothing shared
-        ("fedavg", {"train.batch_clients": 4}, False),
+        ("fedavg", {"train.batch_clients": 4}, True),  # a batch's whole blocks, on its worker
         ("fedavg", {"deployment.dropout": 0.2}, False),
         ("fedavg", {"deployment.preset": "stragglers"}, False),
     ],
@@ -185,3 +185,20 @@ def test_a_shared_module_is_laid_out_twice_as_in_its_state_dict():
     expected = [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
     got = float_tensors(module)
     assert len(got) == len(expected) == 8 and all(a is b for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("k", "summed"), [(16, [0, 8, 16, 24, 32]), (12, [0, 16, 24])])
+def test_batched_fedavg_summed_on_workers_equals_serial(tmp_path, ray_local, executors, k, summed):
+    """Rounds of 40 one-step clients trained K at a time: each batch's worker sums the blocks the
+    batch holds whole (every block with K = 16; with K = 12 the blocks that two batches share are
+    summed on the server from their uploads), and every number equals the serial batched run's."""
+    setup = {
+        "clients": 80, "participation": 0.5, "rounds": 2, "data.partition": "iid",
+        "data.synthetic.train_samples": 1600, "train.batch_clients": k,
+    }  # fmt: skip
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    changes = {"ray.executor": "ray", "ray.workers": 2, "ray.cpus_per_worker": 1}
+    ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **changes))
+    assert sorted(executors[-1]._presums) == summed  # the last round's
+    assert without_times(ray_run.rows) == without_times(serial.rows)

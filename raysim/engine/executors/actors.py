@@ -84,12 +84,17 @@ class ClientWorker:
         clients = [c for chain, _ in jobs for c in chain]
         return (results, blocks.totals()), self.runtime.export_states(clients), sum(len(r) for r in results)
 
-    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, ...]:
-        """Called with ``num_returns=len(chains) + 2``: each job's results (one segment, what the
-        server reads), the clients' memories, and the number of results."""
-        results = self.runtime.run_batch(rnd, chains, payload)
+    def run_batch(
+        self, rnd: int, chains: Sequence[Sequence[int]], payload: Any, sums: Sequence[Block] = ()
+    ) -> tuple[Any, dict[int, ClientMemory], int]:
+        """Jobs trained together (``train.batch_clients``). Called with ``num_returns=3``, as
+        :meth:`run_jobs`: a bundle of each job's results (one segment, what the server reads) and
+        the sums of the blocks in ``sums`` (positions among ``chains``; their uploads left out of
+        the results), the clients' memories, and the number of results."""
+        blocks = BlockSums(sums)
+        results = [blocks.take(i, r) for i, r in enumerate(self.runtime.run_batch(rnd, chains, payload))]
         clients = [c for chain in chains for c in chain]
-        return (*results, self.runtime.export_states(clients), sum(len(r) for r in results))
+        return (results, blocks.totals()), self.runtime.export_states(clients), sum(len(r) for r in results)
 
     def import_states(self, clients: Sequence[Sequence[int]], *parts: dict[int, ClientMemory]) -> None:
         """Take ``clients[k]``'s memories from ``parts[k]`` (a replacement worker, or a resumed run)."""

@@ -206,7 +206,7 @@ class RayExecutor:
         if isinstance(call, JobsCall):  # first segments, each from its job's payload
             payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))  # each once
             specs = [(m.clients, payloads.index(plan.jobs[m.unit].payload)) for m in call.members]
-            firsts, sums = self._blocks(plan, call)
+            firsts, sums = self._blocks(plan, [plan.units[m.unit] for m in call.members])
             bundle, states, count = worker.run_jobs.options(num_returns=3).remote(rnd, specs, sums, *payloads)
             for i, m in enumerate(call.members):
                 results[m.unit][m.segment] = (bundle, i)
@@ -217,11 +217,14 @@ class RayExecutor:
         if isinstance(call, BatchCall):
             if call.pinned:  # the members' memories from their homes, before the batch
                 self._bring(call.worker, m.clients)
-            refs = worker.run_batch.options(num_returns=len(call.chains) + 2).remote(
-                rnd, list(call.chains), plan.jobs[m.unit].payload
+            firsts, sums = self._blocks(plan, [plan.units[m.unit]])
+            bundle, states, count = worker.run_batch.options(num_returns=3).remote(
+                rnd, list(call.chains), plan.jobs[m.unit].payload, sums
             )
-            results[m.unit][m.segment] = list(refs[:-2])
-            return refs[-2], refs[-1]
+            results[m.unit][m.segment] = [(bundle, i) for i in range(len(call.chains))]
+            for k, first in enumerate(firsts):
+                self._presums[first] = (bundle, k)
+            return states, count
         prev = results[m.unit][m.segment - 1]  # the segment before: a ref, or a bundle's and a place in it
         prev_ref, index = prev if isinstance(prev, tuple) else (prev, None)
         res, states, count = worker.run_chain.options(num_returns=3).remote(
@@ -230,19 +233,22 @@ class RayExecutor:
         results[m.unit][m.segment] = res
         return states, count
 
-    def _blocks(self, plan: RoundPlan, call: JobsCall) -> tuple[list[int], list[Block]]:
-        """The blocks of the round's sum that ``call`` holds whole (:mod:`~raysim.capabilities.presum`),
-        to sum on its worker: each block's first planned job, and each block's positions in the
-        call with their coefficients. Empty unless the round is summed on the workers."""
+    def _blocks(self, plan: RoundPlan, units: Sequence[Sequence[int]]) -> tuple[list[int], list[Block]]:
+        """The blocks of the round's sum that a call holds whole (:mod:`~raysim.capabilities.presum`),
+        to sum on its worker: ``units``, the call's jobs as the planned jobs each stands for (a
+        ``run_jobs`` call's single jobs; a batch's jobs, one planned job each); returns each block's
+        first planned job, and each block's positions among the call's jobs with their
+        coefficients. Empty unless the round is summed on the workers."""
         if self._coeffs is None:
             return [], []
+        planned_at = [j for unit in units for j in unit]  # the call's jobs, by position
         by_block: dict[int, list[int]] = {}
-        for i, m in enumerate(call.members):
-            by_block.setdefault(plan.units[m.unit][0] // SUM_BLOCK, []).append(i)
+        for i, j in enumerate(planned_at):
+            by_block.setdefault(j // SUM_BLOCK, []).append(i)
         firsts: list[int] = []
         sums: list[Block] = []
         for b, positions in sorted(by_block.items()):
-            planned = [plan.units[call.members[i].unit][0] for i in positions]
+            planned = [planned_at[i] for i in positions]
             if planned != list(range(b * SUM_BLOCK, min((b + 1) * SUM_BLOCK, len(plan.planned)))):
                 continue  # not whole here, or not in plan order: the server sums it
             firsts.append(b * SUM_BLOCK)
