@@ -49,9 +49,9 @@ class ClientRuntime(ClientWorkspace):
     def warm_up(self) -> None:
         """One throwaway SGD step and one evaluation batch on a copy of the model, with the job
         thread count, so that first-call costs (kernel selection, allocator growth, lazy imports)
-        fall in start-up rather than in round 1; in batched mode (``train.batch_clients`` > 1) one
-        batched step of two clients too, whose gradient transform imports TorchDynamo on its first
-        call (about 1.5 s here). Touches no state and no random stream."""
+        fall in start-up rather than in round 1; in batched mode (``train.batch_clients`` K > 1)
+        one batched step of K clients too, whose gradient transform imports TorchDynamo on its
+        first call (about 1.5 s here). Touches no state and no random stream."""
         torch.set_num_threads(self.cfg.train_threads)
         model = copy.deepcopy(self.model)
         shape = self.data.train.input_shape
@@ -68,8 +68,9 @@ class ClientRuntime(ClientWorkspace):
         if self.cfg.train.batch_clients > 1:
             from raysim.toolkit.batched import BatchedTrainer
 
-            trainer = BatchedTrainer(model, PARTS, 2)
-            trainer.train([[(x, y)], [(x, y)]], SGDConfig(t.lr, t.momentum, t.weight_decay), cross_entropy)
+            k = self.cfg.train.batch_clients  # a whole batch: its memory is claimed now, not in round 1
+            trainer = BatchedTrainer(model, PARTS, k)
+            trainer.train([[(x, y)]] * k, SGDConfig(t.lr, t.momentum, t.weight_decay), cross_entropy)
         model.eval()
         predict(
             model,

@@ -11,6 +11,7 @@ import pytest
 
 from raysim.engine.executors.schedule import (
     BatchCall,
+    BatchesCall,
     ChainCall,
     JobsCall,
     Member,
@@ -72,21 +73,33 @@ def test_a_chain_across_workers_runs_as_segments_each_after_the_one_before():
     assert_deadlock_free_after(again, {(0, 0), (1, 0)})
 
 
-def test_batches_are_their_own_calls_and_a_pinned_one_runs_on_its_first_clients_home():
+def test_a_workers_batches_go_in_one_call_and_a_pinned_one_runs_on_its_first_clients_home():
     a, b = object(), object()
     jobs = [Job((0,), a), Job((1,), a), Job((2,), a), Job((3,), b, pinned=True), Job((4,), b, pinned=True)]
     home = [0, 1, 0, 1, 0]
     plan = plan_round(jobs, 3, True, home, sizes=[5] * 5, workers=2)
     assert plan.units == ((0, 1, 2), (3, 4))
     calls = next_wave(plan)
-    batches = [c for c in calls if isinstance(c, BatchCall)]
-    assert [(c.chains, c.pinned) for c in batches] == [(((0,), (1,), (2,)), False), (((3,), (4,)), True)]
-    assert batches[1].worker == home[3]  # the pinned batch on its first client's home
+    gathered = [c for c in calls if isinstance(c, BatchesCall)]
+    assert [c.chains for c in gathered] == [(((0,), (1,), (2,)),)]
+    pinned = [c for c in calls if isinstance(c, BatchCall)]
+    assert [(c.chains, c.pinned) for c in pinned] == [(((3,), (4,)), True)]
+    assert pinned[0].worker == home[3]  # the pinned batch on its first client's home
     # each planned job gets its own result back from the batch's list
     results = [[["r0", "r1", "r2"]], [["r3", "r4"]]]
     assert plan.per_planned_job(results) == [["r0"], ["r1"], ["r2"], ["r3"], ["r4"]]
     # unless the algorithm batches pinned jobs (Batching(pinned=True)), they are not batched
     assert plan_round(jobs, 3, False, home, [5] * 5, 2).units == ((0, 1, 2), (3,), (4,))
+    # unpinned batches of one payload or several: a worker's all in one call, in plan order
+    many = [Job((c,), a if c < 6 else b) for c in range(10)]
+    plan = plan_round(many, 2, False, [0] * 10, [5] * 10, 2)
+    calls = next_wave(plan)
+    assert all(isinstance(c, BatchesCall) for c in calls) and sorted(c.worker for c in calls) == [0, 1]
+    assert sorted(ch for c in calls for chains in c.chains for ch in chains) == [(c,) for c in range(10)]
+    for c in calls:
+        firsts = [chains[0][0] for chains in c.chains]
+        assert firsts == sorted(firsts)
+    assert_deadlock_free(calls)
 
 
 @pytest.mark.parametrize("seed", range(40))

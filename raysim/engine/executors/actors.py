@@ -84,17 +84,30 @@ class ClientWorker:
         clients = [c for chain, _ in jobs for c in chain]
         return (results, blocks.totals()), self.runtime.export_states(clients), sum(len(r) for r in results)
 
-    def run_batch(
-        self, rnd: int, chains: Sequence[Sequence[int]], payload: Any, sums: Sequence[Block] = ()
+    def run_batches(
+        self,
+        rnd: int,
+        batches: Sequence[tuple[Sequence[Sequence[int]], int]],
+        sums: Sequence[Block],
+        *payloads: Any,
     ) -> tuple[Any, dict[int, ClientMemory], int]:
-        """Jobs trained together (``train.batch_clients``). Called with ``num_returns=3``, as
-        :meth:`run_jobs`: a bundle of each job's results (one segment, what the server reads) and
-        the sums of the blocks in ``sums`` (positions among ``chains``; their uploads left out of
-        the results), the clients' memories, and the number of results."""
+        """Batches of jobs, each trained together (``train.batch_clients``) from ``payloads[k]``,
+        ``(chains, k)`` each, one batch after another. Called with ``num_returns=3``, as
+        :meth:`run_jobs`: a bundle of every job's results (one segment each, in the order of the
+        batches' chains, what the server reads) and the sums of the blocks in ``sums`` (positions
+        among those jobs; their uploads left out of the results), the clients' memories, and the
+        number of results."""
         blocks = BlockSums(sums)
-        results = [blocks.take(i, r) for i, r in enumerate(self.runtime.run_batch(rnd, chains, payload))]
-        clients = [c for chain in chains for c in chain]
+        results: list[list[ClientResult]] = []
+        for chains, k in batches:
+            for res in self.runtime.run_batch(rnd, chains, payloads[k]):
+                results.append(blocks.take(len(results), res))
+        clients = [c for chains, _ in batches for chain in chains for c in chain]
         return (results, blocks.totals()), self.runtime.export_states(clients), sum(len(r) for r in results)
+
+    def run_batch(self, rnd: int, chains: Sequence[Sequence[int]], payload: Any) -> tuple[Any, dict[int, ClientMemory], int]:
+        """A pinned batch (its clients' memories brought here first): :meth:`run_batches` of it alone."""
+        return self.run_batches(rnd, [(chains, 0)], (), payload)
 
     def import_states(self, clients: Sequence[Sequence[int]], *parts: dict[int, ClientMemory]) -> None:
         """Take ``clients[k]``'s memories from ``parts[k]`` (a replacement worker, or a resumed run)."""

@@ -39,7 +39,15 @@ from raysim.engine.executors.evaluation import (
 )
 from raysim.engine.executors.placement import lpt_assign
 from raysim.engine.executors.recovery import WorkerPool, server_get
-from raysim.engine.executors.schedule import BatchCall, Call, JobsCall, RoundPlan, next_wave, plan_round
+from raysim.engine.executors.schedule import (
+    BatchCall,
+    BatchesCall,
+    Call,
+    JobsCall,
+    RoundPlan,
+    next_wave,
+    plan_round,
+)
 from raysim.engine.experiment import Experiment
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.toolkit.aggregate import upload_coefficients
@@ -213,17 +221,28 @@ class RayExecutor:
             for k, first in enumerate(firsts):
                 self._presums[first] = (bundle, k)
             return states, count
-        m = call.member
-        if isinstance(call, BatchCall):
-            if call.pinned:  # the members' memories from their homes, before the batch
-                self._bring(call.worker, m.clients)
-            firsts, sums = self._blocks(plan, [plan.units[m.unit]])
-            bundle, states, count = worker.run_batch.options(num_returns=3).remote(
-                rnd, list(call.chains), plan.jobs[m.unit].payload, sums
-            )
-            results[m.unit][m.segment] = [(bundle, i) for i in range(len(call.chains))]
+        if isinstance(call, BatchesCall):  # a worker's unpinned batches, each from its payload
+            payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))
+            batches = [
+                (list(chains), payloads.index(plan.jobs[m.unit].payload))
+                for m, chains in zip(call.members, call.chains, strict=True)
+            ]
+            firsts, sums = self._blocks(plan, [plan.units[m.unit] for m in call.members])
+            bundle, states, count = worker.run_batches.options(num_returns=3).remote(rnd, batches, sums, *payloads)
+            at = 0
+            for m, chains in zip(call.members, call.chains, strict=True):
+                results[m.unit][m.segment] = [(bundle, at + i) for i in range(len(chains))]
+                at += len(chains)
             for k, first in enumerate(firsts):
                 self._presums[first] = (bundle, k)
+            return states, count
+        m = call.member
+        if isinstance(call, BatchCall):  # pinned: the members' memories from their homes, before the batch
+            self._bring(call.worker, m.clients)
+            bundle, states, count = worker.run_batch.options(num_returns=3).remote(
+                rnd, list(call.chains), plan.jobs[m.unit].payload
+            )
+            results[m.unit][m.segment] = [(bundle, i) for i in range(len(call.chains))]
             return states, count
         prev = results[m.unit][m.segment - 1]  # the segment before: a ref, or a bundle's and a place in it
         prev_ref, index = prev if isinstance(prev, tuple) else (prev, None)

@@ -8,8 +8,10 @@ go to the workers as three kinds of call:
 
 - :class:`JobsCall`: a worker's first segments of single jobs, each from its payload, in one call
   that trains them on the worker's job slots;
-- :class:`BatchCall`: a batch of jobs, trained together on one worker (a pinned batch on its first
-  client's home worker, the others' memories brought there first and sent home after);
+- :class:`BatchesCall`: a worker's batches of unpinned jobs (each batch's jobs trained together),
+  in one call that trains them one batch after another;
+- :class:`BatchCall`: a pinned batch, trained together on its first client's home worker, the
+  others' memories brought there first and sent home after;
 - :class:`ChainCall`: a later segment of a chain, which starts from the segment before it.
 
 :func:`next_wave` gives the calls for the segments not done yet, in submission order. The order is
@@ -78,11 +80,23 @@ class BatchCall(OneSegmentCall):
 
 
 @dataclass(frozen=True)
+class BatchesCall:
+    """Worker ``worker`` trains batches of unpinned jobs, one after another: ``members[i]`` is a
+    batch (a unit's one segment) and ``chains[i]`` its planned jobs' clients. One call for a
+    worker's share of a round, not one per batch (a round of hundreds of one-step clients in
+    batches of K would otherwise be hundreds over K calls)."""
+
+    worker: int
+    members: tuple[Member, ...]
+    chains: tuple[tuple[tuple[int, ...], ...], ...]
+
+
+@dataclass(frozen=True)
 class ChainCall(OneSegmentCall):
     """A later segment of a chain, starting from the result of the segment before it."""
 
 
-Call = JobsCall | BatchCall | ChainCall
+Call = JobsCall | BatchesCall | BatchCall | ChainCall
 
 
 @dataclass(frozen=True)
@@ -161,24 +175,33 @@ def next_wave(plan: RoundPlan, done: set[tuple[int, int]] | frozenset[tuple[int,
     may hold). Empty when every segment is done."""
     calls: list[Call] = []
     gathering: dict[int, list[Member]] = {}  # per worker: first segments of single jobs, not yet a call
+    batching: dict[int, list[Member]] = {}  # per worker: unpinned batches, not yet a call
+
+    def chains_of(m: Member) -> tuple[tuple[int, ...], ...]:
+        return tuple(plan.planned[i].clients for i in plan.units[m.unit])
 
     def close(w: int) -> None:
-        calls.append(JobsCall(w, tuple(gathering.pop(w))))
+        if w in gathering:
+            calls.append(JobsCall(w, tuple(gathering.pop(w))))
+        if w in batching:
+            members = tuple(batching.pop(w))
+            calls.append(BatchesCall(w, members, tuple(chains_of(m) for m in members)))
 
     for m in (m for m in plan.segments if m.key not in done):
         single = len(plan.units[m.unit]) == 1
         if single and m.segment == 0:
             gathering.setdefault(m.worker, []).append(m)
             continue
-        for w in [m.worker] if m.segment == 0 else list(gathering):
-            if w in gathering:
-                close(w)
+        if not single and not plan.pinned_batch[m.unit]:
+            batching.setdefault(m.worker, []).append(m)
+            continue
+        for w in [m.worker] if m.segment == 0 else list(dict.fromkeys([*gathering, *batching])):
+            close(w)
         if single:
             calls.append(ChainCall(m))
         else:
-            chains = tuple(plan.planned[i].clients for i in plan.units[m.unit])
-            calls.append(BatchCall(m, chains, plan.pinned_batch[m.unit]))
-    for w in list(gathering):
+            calls.append(BatchCall(m, chains_of(m), True))
+    for w in list(dict.fromkeys([*gathering, *batching])):
         close(w)
     return calls
 
@@ -190,6 +213,7 @@ def dependencies(call: Call) -> list[tuple[int, int]]:
 
 __all__ = [
     "BatchCall",
+    "BatchesCall",
     "Call",
     "ChainCall",
     "JobsCall",
