@@ -83,7 +83,7 @@ def test_a_workers_batches_go_in_one_call_and_a_pinned_one_runs_on_its_first_cli
     gathered = [c for c in calls if isinstance(c, BatchesCall)]
     assert [c.chains for c in gathered] == [(((0,), (1,), (2,)),)]
     pinned = [c for c in calls if isinstance(c, BatchCall)]
-    assert [(c.chains, c.pinned) for c in pinned] == [(((3,), (4,)), True)]
+    assert [c.chains for c in pinned] == [((3,), (4,))]
     assert pinned[0].worker == home[3]  # the pinned batch on its first client's home
     # each planned job gets its own result back from the batch's list
     results = [[["r0", "r1", "r2"]], [["r3", "r4"]]]

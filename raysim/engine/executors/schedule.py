@@ -72,11 +72,11 @@ class OneSegmentCall:
 
 @dataclass(frozen=True)
 class BatchCall(OneSegmentCall):
-    """A batch of planned jobs (``chains``, their clients) trained together; ``pinned``: its
-    clients' memories live on their home workers (brought here first, sent home after)."""
+    """A batch of pinned planned jobs (``chains``, their clients) trained together: its clients'
+    memories live on their home workers (brought here first, sent home after). Unpinned batches go
+    in a :class:`BatchesCall`."""
 
     chains: tuple[tuple[int, ...], ...]
-    pinned: bool
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def next_wave(plan: RoundPlan, done: set[tuple[int, int]] | frozenset[tuple[int,
         if single:
             calls.append(ChainCall(m))
         else:
-            calls.append(BatchCall(m, chains_of(m), True))
+            calls.append(BatchCall(m, chains_of(m)))
     for w in list(dict.fromkeys([*gathering, *batching])):
         close(w)
     return calls
