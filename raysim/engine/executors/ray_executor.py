@@ -5,12 +5,14 @@ Each client worker asks for a share of a CPU or a fraction of a GPU and hosts ma
 the object store once and every worker reads it zero-copy. A chain whose clients live on several
 workers runs as segments, each segment's result passed to the next worker as an ObjectRef that never
 visits the driver. A worker's chains that start from a payload go to it in one call, which trains
-them side by side on its job slots (:mod:`~raysim.engine.executors.slots`). What goes to which worker in
+them side by side on its job slots (:mod:`~raysim.engine.executors.slots`), and so do its batches of
+unpinned jobs (``train.batch_clients``), trained one batch after another. What goes to which worker in
 which order is a pure plan (:mod:`~raysim.engine.executors.schedule`); this executor submits it, collects
 the results and replaces workers that die (:mod:`~raysim.engine.executors.recovery`).
 
 The executor owns its Ray session (:mod:`~raysim.engine.executors.session`): :meth:`RayExecutor.start`
-starts local Ray or joins a cluster while the data loads, and :meth:`RayExecutor.shutdown` stops Ray
+starts local Ray or joins a cluster, and the client workers' actors, while the data loads, and
+:meth:`RayExecutor.shutdown` stops Ray
 if it started it. Inside a Ray session someone else started (a suite's trial, a test), it uses that
 session and leaves it running.
 """
