@@ -37,20 +37,30 @@ def test_runs_inside_a_ray_session_started_elsewhere_and_leaves_it_running(tmp_p
 @pytest.mark.ray
 def test_a_run_that_started_ray_stops_it(tmp_path):
     """...and every process of that Ray: its daemons, the workers, and the agents the raylet
-    started (which outlive a raylet killed without its shutdown, unless raysim kills them too)."""
+    started (which outlive a raylet killed without its shutdown, unless raysim kills them too).
+    The Ray it started has its dashboard agent but no dashboard head (``session.lean_start``)."""
     code = (
         "import psutil\n"
         "import raysim.engine.runner\n"
         "from raysim.results.output import BaseCallback\n"
         "from tests.conftest import tiny_config\n"
+        "def args(p):\n"
+        "    try:\n"
+        "        return ' '.join(p.cmdline())\n"
+        "    except psutil.Error:\n"
+        "        return ''\n"
         "class Census(BaseCallback):\n"
         "    def on_round(self, stats, round_time):\n"
         "        self.procs = psutil.Process().children(recursive=True)\n"
+        "        self.lines = [args(p) for p in self.procs]\n"
         "census = Census()\n"
         f"cfg = tiny_config({str(tmp_path)!r}, rounds=1, **{{'ray.executor': 'ray', 'ray.workers': 1}})\n"
         "raysim.engine.runner.run_experiment(cfg, [census])\n"
         "import ray\n"
         "gone, alive = psutil.wait_procs(census.procs, timeout=10)\n"
+        "heads = sum('dashboard/dashboard.py' in line for line in census.lines)\n"
+        "agents = sum('DashboardAgent' in line for line in census.lines)\n"
+        "print('heads', heads, 'agents', agents)\n"
         "print('during the run', len(census.procs), 'left', [p.name() for p in alive])\n"
         "print('initialized', ray.is_initialized())\n"
     )
@@ -58,10 +68,11 @@ def test_a_run_that_started_ray_stops_it(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr
-    during, end = proc.stdout.strip().splitlines()[-2:]
+    dashboard, during, end = proc.stdout.strip().splitlines()[-3:]
     assert end == "initialized False"
     # gcs, raylet, the agents and the worker at least, and none of them left
     assert int(during.split()[3]) >= 5 and during.endswith("left []"), during
+    assert dashboard == "heads 0 agents 1", dashboard  # the node's agent, and no dashboard head
 
 
 def test_the_runner_does_not_import_ray():
