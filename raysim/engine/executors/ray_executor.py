@@ -46,6 +46,7 @@ from raysim.engine.executors.schedule import (
     BatchesCall,
     Call,
     JobsCall,
+    Member,
     RoundPlan,
     next_wave,
     plan_round,
@@ -86,7 +87,8 @@ class RayExecutor:
         self._presums: dict[int, tuple[Any, int]] = {}  # this round's worker sums, by their block's first job
         self.has_personal = algo_cls.evaluates_personal(cfg)
         self.sizes = [int(s.size) for s in data.client_train]
-        # the workers' processes start (and import PyTorch) while the data goes into the store
+        # the workers' processes (started by :meth:`start` already, or now) import PyTorch while the
+        # data goes into the store
         self.pool = pool if pool is not None else WorkerPool(cfg, num_workers)
         self.pool.place(lpt_assign([float(s) for s in self.sizes], num_workers))
         data_ref = ray.put(data)  # once; workers read the arrays zero-copy
@@ -214,29 +216,22 @@ class RayExecutor:
         memories it leaves and of its count."""
         worker = self.pool.workers[call.worker]
         if isinstance(call, JobsCall):  # first segments, each from its job's payload
-            payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))  # each once
-            specs = [(m.clients, payloads.index(plan.jobs[m.unit].payload)) for m in call.members]
-            firsts, sums = self._blocks(plan, [plan.units[m.unit] for m in call.members])
+            payloads, which, firsts, sums = self._gathered(plan, call.members)
+            specs = [(m.clients, k) for m, k in zip(call.members, which, strict=True)]
             bundle, states, count = worker.run_jobs.options(num_returns=3).remote(rnd, specs, sums, *payloads)
             for i, m in enumerate(call.members):
                 results[m.unit][m.segment] = (bundle, i)
-            for k, first in enumerate(firsts):
-                self._presums[first] = (bundle, k)
+            self._presums.update({first: (bundle, k) for k, first in enumerate(firsts)})
             return states, count
         if isinstance(call, BatchesCall):  # a worker's unpinned batches, each from its payload
-            payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in call.members))
-            batches = [
-                (list(chains), payloads.index(plan.jobs[m.unit].payload))
-                for m, chains in zip(call.members, call.chains, strict=True)
-            ]
-            firsts, sums = self._blocks(plan, [plan.units[m.unit] for m in call.members])
+            payloads, which, firsts, sums = self._gathered(plan, call.members)
+            batches = [(list(chains), k) for chains, k in zip(call.chains, which, strict=True)]
             bundle, states, count = worker.run_batches.options(num_returns=3).remote(rnd, batches, sums, *payloads)
             at = 0
             for m, chains in zip(call.members, call.chains, strict=True):
                 results[m.unit][m.segment] = [(bundle, at + i) for i in range(len(chains))]
                 at += len(chains)
-            for k, first in enumerate(firsts):
-                self._presums[first] = (bundle, k)
+            self._presums.update({first: (bundle, k) for k, first in enumerate(firsts)})
             return states, count
         m = call.member
         if isinstance(call, BatchCall):  # pinned: the members' memories from their homes, before the batch
@@ -253,6 +248,14 @@ class RayExecutor:
         )
         results[m.unit][m.segment] = res
         return states, count
+
+    def _gathered(self, plan: RoundPlan, members: Sequence[Member]) -> tuple[list[Any], list[int], list[int], list[Block]]:
+        """What a call of ``members`` that each start from their job's payload takes: the payloads,
+        each once; each member's payload among them; and the blocks the call holds whole
+        (:meth:`_blocks`: their first planned jobs, and the blocks to sum)."""
+        payloads = list(dict.fromkeys(plan.jobs[m.unit].payload for m in members))
+        which = [payloads.index(plan.jobs[m.unit].payload) for m in members]
+        return payloads, which, *self._blocks(plan, [plan.units[m.unit] for m in members])
 
     def _blocks(self, plan: RoundPlan, units: Sequence[Sequence[int]]) -> tuple[list[int], list[Block]]:
         """The blocks of the round's sum that a call holds whole (:mod:`~raysim.capabilities.presum`),
