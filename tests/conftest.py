@@ -17,9 +17,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # AVX-512 kernel sums in another order than an AVX2 one: the last bits of a trained model then differ.
 # The golden metrics (tests/golden.py) were recorded with the AVX2 kernels, which every x86-64
 # machine of this project has, so the tests (and the Ray workers they start, which inherit this
-# environment) use those; set before anything imports torch.
+# environment) use those; set before anything imports torch. MKL, which PyTorch's float32 matrix
+# products call, picks its kernels from the processor too, whatever ATen and oneDNN were told: its
+# AVX2 reproducibility mode gives the same bits on every processor with AVX2.
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+os.environ.setdefault("MKL_CBWR", "AVX2")
 # decoded datasets (raysim.data.datasets.cache_dir) go to a folder of this test session's, not the
 # user's cache; the process that makes it removes it when it exits (a decoded Fashion-MNIST is
 # 53 MB, and a folder left by every session had filled this machine's disk)

@@ -19,7 +19,12 @@ issue 29): its kernels sum in another order. Before that, every case was run wit
 ``fedavg``'s and ``fed3p2``'s numbers of before, so that NCHW stays as it was.
 
 The numbers are those of PyTorch's AVX2 kernels, which ``tests/conftest.py`` selects (an AVX-512
-kernel sums in another order); record with it imported, as ``python -m tests.golden`` does.
+kernel sums in another order), and of MKL's matrix products in its AVX2 reproducibility mode
+(``MKL_CBWR=AVX2``, also set there); record with it imported, as ``python -m tests.golden`` does.
+Every case was recorded again when that mode was added (stop 39): MKL picks its kernels from the
+processor whatever ATen and oneDNN were told, and on a Sapphire Rapids machine its default ones gave
+every case's train loss other last bits (at most 4.3e-7 of the value). Commit 330c9d9 and the
+commit that recorded them give the same numbers to the bit in that mode.
 """
 
 from __future__ import annotations
