@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -28,8 +29,10 @@ __all__ = [
     "L2Normalize",
     "SplitModel",
     "build_model",
+    "ModuleLayout",
     "float_tensors",
     "get_weights",
+    "layout",
     "seeded_global_rng",
     "set_weights",
 ]
@@ -333,23 +336,82 @@ def to_channels_last(model: SplitModel) -> SplitModel:
 # a model's parts as flat arrays
 
 
+class ModuleLayout:
+    """What a module's state holds, read once (:func:`layout`): its floating-point state tensors in
+    the order a flat part lays them out, each one's size, its modules and its parameters.
+
+    A client's update loads its parts, trains them and reads them back (issue 29): walking the
+    module tree for that three times a part was a tenth of a one-step client's time. The layout is
+    read again when the module tree may have changed: after any module, parameter or buffer is
+    registered anywhere in the process (PyTorch's global registration hooks count them), or when
+    one of its tensors is no longer the one its module holds (``Module._apply`` puts new buffers
+    in place without registering them). A module whose state dict is customised is read through
+    ``state_dict`` every time."""
+
+    __slots__ = ("floats", "sizes", "total", "modules", "params", "_generation", "_held")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._generation = _registrations[0]
+        self.modules: tuple[torch.nn.Module, ...] = tuple(module.modules())
+        self.params: tuple[torch.nn.Parameter, ...] = tuple(module.parameters())
+        floats: list[torch.Tensor] = []
+        held: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
+        custom = False  # a module whose state dict is its own: read through state_dict every time
+        for _, m in module.named_modules(remove_duplicate=False):  # a shared module twice, as state_dict has it
+            if type(m)._save_to_state_dict is not torch.nn.Module._save_to_state_dict or m._state_dict_hooks:
+                custom = True
+                break
+            for name, t in m._parameters.items():
+                if t is not None and t.is_floating_point():
+                    floats.append(t)
+                    held.append((m._parameters, name, t))
+            for name, t in m._buffers.items():
+                if t is not None and name not in m._non_persistent_buffers_set and t.is_floating_point():
+                    floats.append(t)
+                    held.append((m._buffers, name, t))
+        self.floats: tuple[torch.Tensor, ...] | None = None if custom else tuple(floats)
+        self.sizes = () if custom else tuple(t.numel() for t in floats)
+        self.total = sum(self.sizes)
+        self._held = () if custom else tuple(held)
+
+    def current(self) -> bool:
+        """Whether the module tree is still what this layout read."""
+        return self._generation == _registrations[0] and all(owner.get(k) is t for owner, k, t in self._held)
+
+
+#: registrations of modules, parameters and buffers in this process so far (PyTorch's global hooks)
+_registrations = [0]
+_layouts: weakref.WeakKeyDictionary[torch.nn.Module, ModuleLayout] = weakref.WeakKeyDictionary()
+
+
+def _registered(*_: object) -> None:
+    _registrations[0] += 1
+
+
+_hooks = torch.nn.modules.module
+_hooks.register_module_module_registration_hook(_registered)
+_hooks.register_module_parameter_registration_hook(_registered)
+_hooks.register_module_buffer_registration_hook(_registered)
+
+
+def layout(module: torch.nn.Module) -> ModuleLayout:
+    """``module``'s :class:`ModuleLayout`, read now or kept from before while it is current."""
+    found = _layouts.get(module)
+    if found is None or not found.current():
+        found = _layouts[module] = ModuleLayout(module)
+    return found
+
+
 def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """The floating-point tensors of ``module``'s state (parameters and buffers such as batch-norm
     statistics), in the order a flat part lays them out: ``state_dict``'s order (each module's
     parameters, then its persistent buffers, then its children's, depth first), read without
-    building a state dict (a client's update loads and reads its parts, issue 29). A model whose
-    modules customise their state dict is read through ``state_dict`` itself."""
-    out: list[torch.Tensor] = []
-    for _, m in module.named_modules(remove_duplicate=False):  # a shared module twice, as state_dict has it
-        if type(m)._save_to_state_dict is not torch.nn.Module._save_to_state_dict or m._state_dict_hooks:
-            return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
-        out += [t for t in m._parameters.values() if t is not None and t.is_floating_point()]
-        out += [
-            t
-            for name, t in m._buffers.items()
-            if t is not None and name not in m._non_persistent_buffers_set and t.is_floating_point()
-        ]
-    return out
+    building a state dict (:class:`ModuleLayout`). A model whose modules customise their state dict
+    is read through ``state_dict`` itself."""
+    floats = layout(module).floats
+    if floats is None:
+        return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    return list(floats)
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:
@@ -361,13 +423,19 @@ def get_part(model: SplitModel, part: str) -> np.ndarray:
 
 
 def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
-    tensors = float_tensors(model.part(part))
-    total = sum(t.numel() for t in tensors)
+    lay = layout(model.part(part))
+    tensors = float_tensors(model.part(part)) if lay.floats is None else lay.floats
+    total = sum(t.numel() for t in tensors) if lay.floats is None else lay.total
     if flat.size != total:
         raise ValueError(f"part {part} has {total} values, got {flat.size}")
-    with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
-        warnings.simplefilter("ignore", UserWarning)
-        src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    if flat.dtype != np.float32 or not flat.flags.c_contiguous:
+        flat = np.ascontiguousarray(flat, dtype=np.float32)
+    if flat.flags.writeable:
+        src = torch.from_numpy(flat)
+    else:
+        with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
+            warnings.simplefilter("ignore", UserWarning)
+            src = torch.from_numpy(flat)
     offset = 0
     with torch.no_grad():
         for t in tensors:
@@ -387,7 +455,7 @@ def set_weights(model: SplitModel, weights: ModelWeights) -> None:
 
 def parameters_of(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Parameter]:
     """The parameters of ``parts``, in the order an optimizer over them holds them."""
-    return [p for part in parts for p in model.part(part).parameters()]
+    return [p for part in parts for p in layout(model.part(part)).params]
 
 
 def parameter_views(model: SplitModel, flat: ModelWeights, device: torch.device | str = "cpu") -> list[torch.Tensor]:

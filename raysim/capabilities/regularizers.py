@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raysim.capabilities.declared import Capability
 from raysim.capabilities.settings import engine_settings
@@ -24,15 +24,24 @@ if TYPE_CHECKING:
     from raysim.toolkit.train import LossFn
 
 
+#: the config Regularizable.setting last read, and its answer
+_LAST_SETTING: list[Any] = [None, None]
+
+
 @dataclass(frozen=True)
 class Regularizable(Capability):
     """``regularizers = Regularizable()`` on an algorithm's class."""
 
     @staticmethod
     def setting(cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
-        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``)."""
-        p = engine_settings(cfg.algo_params)
-        return tuple(p.regularizers), p.reg_beta, p.reg_tau
+        """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``), read
+        once per config (every client's update asks)."""
+        last = _LAST_SETTING
+        if last[0] is not cfg:
+            p = engine_settings(cfg.algo_params)
+            last[:] = [cfg, (tuple(p.regularizers), p.reg_beta, p.reg_tau)]
+        setting: tuple[tuple[str, ...], float, float] = last[1]
+        return setting
 
     def wrap(
         self, cfg: ExperimentConfig, ctx: ClientContext, received: ModelWeights, parts: Sequence[str], loss_fn: LossFn

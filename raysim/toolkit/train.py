@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from raysim.models import SplitModel, parameters_of
+from raysim.models import SplitModel, layout, parameters_of
 from raysim.toolkit.sgd import SGD
 from raysim.weights import PARTS
 
@@ -67,13 +67,15 @@ def set_trainable(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Para
     params: list[torch.nn.Parameter] = []
     for name in PARTS:
         module = model.part(name)
+        lay = layout(module)  # its modules and parameters, read once (issue 29)
         train = name in parts
-        if any(m.training != train for m in module.modules()):  # (setting a mode costs more than reading it)
+        if any(m.training != train for m in lay.modules):  # (setting a mode costs more than reading it)
             module.train(train)
-        for p in module.parameters():
-            p.requires_grad_(train)
-            if train:
-                params.append(p)
+        for p in lay.params:
+            if p.requires_grad != train:
+                p.requires_grad_(train)
+        if train:
+            params += lay.params
     return params
 
 

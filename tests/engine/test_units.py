@@ -40,6 +40,31 @@ def test_weights_round_trip_every_model():
         assert get_weights(build_model(name, shape, 10, seed=1), PARTS).equals(wa)  # seeded
 
 
+def test_a_parts_layout_is_read_again_when_its_module_tree_changes():
+    """The flat layout a part is loaded and read through (``raysim.models.layout``) is kept between
+    calls, and read again when a parameter is replaced, a buffer is put in place without being
+    registered (``Module._apply``) or a module is added: the flat arrays always follow the model."""
+    import torch
+    from torch import nn
+
+    from raysim.models import float_tensors, layout
+
+    model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=0)
+    head = model.part("head")
+    assert layout(head) is layout(head)  # kept while nothing changed
+    weights = get_weights(model, PARTS)
+    head.weight = nn.Parameter(torch.zeros_like(head.weight))  # registered: the layout is read again
+    assert float_tensors(head)[0] is head.weight
+    set_weights(model, weights)  # into the new parameter
+    assert np.array_equal(head.weight.detach().numpy().reshape(-1), weights.head[: head.weight.numel()])
+    norm = nn.BatchNorm1d(head.in_features)
+    model.filter = nn.Sequential(model.filter, norm)  # a new module with buffers: a longer filter part
+    assert sum(t.numel() for t in float_tensors(model.part("filter"))) == weights.filter.size + 4 * head.in_features
+    norm._buffers["running_mean"] = torch.full((head.in_features,), 3.0)  # not registered, as _apply does
+    n = head.in_features  # the norm's weight, bias, running mean and running variance end the part
+    assert get_weights(model, ("filter",)).filter[-2 * n : -n].tolist() == [3.0] * n
+
+
 def test_fedpacs_models_are_the_authors():
     """cnn_pac and cnn_pac_cifar as JianXu95/FedPAC's CNN_FMNIST and CifarCNN: the second conv
     (and the CIFAR one's third) padded by 1, every conv max-pooled, so FC 128 reads 32 x 5 x 5 and
