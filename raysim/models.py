@@ -28,6 +28,7 @@ from raysim.weights import PARTS, ModelWeights
 __all__ = [
     "L2Normalize",
     "SplitModel",
+    "WeightsLoader",
     "build_model",
     "ModuleLayout",
     "float_tensors",
@@ -442,6 +443,57 @@ def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
             n = t.numel()
             t.copy_(src[offset : offset + n].view_as(t))
             offset += n
+
+
+class WeightsLoader:
+    """:func:`set_weights` for a model that loads the same weights again and again (a worker's
+    clients of one round all start from its payload, issue 29): the copies from the weights' flat
+    arrays into the model's tensors are laid out once per weights object, then made in one
+    ``torch._foreach_copy_``. The same values land in the same tensors as :func:`set_weights` puts
+    them. Laid out anew for other weights, another model, or a part whose module tree changed
+    (:func:`layout`); on a GPU, or for a part whose state dict is customised, it is
+    :func:`set_weights`."""
+
+    def __init__(self) -> None:
+        self._weights: ModelWeights | None = None  # what the plan below loads (kept alive by it)
+        self._model: SplitModel | None = None
+        self._layouts: list[tuple[nn.Module, ModuleLayout]] = []
+        self._dst: list[torch.Tensor] = []
+        self._src: list[torch.Tensor] = []
+
+    def load(self, model: SplitModel, weights: ModelWeights) -> None:
+        if not (
+            weights is self._weights
+            and model is self._model
+            and all(layout(module) is lay for module, lay in self._layouts)
+        ) and not self._plan(model, weights):
+            set_weights(model, weights)
+            return
+        with torch.no_grad():
+            torch._foreach_copy_(self._dst, self._src)
+
+    def _plan(self, model: SplitModel, weights: ModelWeights) -> bool:
+        """Lay out the copies of ``weights`` into ``model``; False where they are not laid out."""
+        self._weights = self._model = None
+        self._layouts, self._dst, self._src = [], [], []
+        for name, flat in weights.items():
+            module = model.part(name)
+            lay = layout(module)
+            if lay.floats is None or any(t.device.type != "cpu" for t in lay.floats):
+                return False
+            if flat.size != lay.total:
+                raise ValueError(f"part {name} has {lay.total} values, got {flat.size}")
+            with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
+                warnings.simplefilter("ignore", UserWarning)
+                src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+            offset = 0
+            for t, n in zip(lay.floats, lay.sizes, strict=True):
+                self._dst.append(t)
+                self._src.append(src[offset : offset + n].view_as(t))
+                offset += n
+            self._layouts.append((module, lay))
+        self._weights, self._model = weights, model
+        return True
 
 
 def get_weights(model: SplitModel, parts: Sequence[str]) -> ModelWeights:

@@ -37,6 +37,7 @@ from raysim.data import ArrayDataset, FederatedData
 from raysim.deployment.model import Deployment
 from raysim.models import (
     SplitModel,
+    WeightsLoader,
     build_model,
     flat_from_parameters,
     get_weights,
@@ -121,6 +122,9 @@ class ClientWorkspace:
         self.received: dict[str, torch.Tensor] | None = None
         self._fresh: dict[tuple[str, str], np.ndarray] = {}
         self._scratch: dict[str, SplitModel] = {}
+        #: loads the received weights into ``model``, laid out once per weights object (a round's
+        #: clients on this worker start from the same payload)
+        self.loader = WeightsLoader()
 
     def kept(self, client: int) -> ModelWeights:
         """The model parts ``client`` keeps (none before its first round)."""
@@ -226,8 +230,8 @@ class ClientContext:
         return self._ws.initial_weights
 
     def load(self, weights: ModelWeights) -> None:
-        set_weights(self.model, weights)
         ws = self._ws
+        ws.loader.load(self.model, weights)
         if ws.capture_received and ws.received is None:  # the update's start, for the analyses
             ws.received = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 

@@ -65,6 +65,32 @@ def test_a_parts_layout_is_read_again_when_its_module_tree_changes():
     assert get_weights(model, ("filter",)).filter[-2 * n : -n].tolist() == [3.0] * n
 
 
+def test_a_weights_loader_loads_what_set_weights_loads():
+    """``WeightsLoader`` (a worker's clients loading one payload again and again) puts the same
+    values in the same tensors as ``set_weights``: for the same weights after training moved the
+    model, for other weights, and after the model's tree changed."""
+    import torch
+    from torch import nn
+
+    from raysim.models import WeightsLoader
+
+    model = build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=0)
+    loader = WeightsLoader()
+    first = get_weights(build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=1), PARTS)
+    for arr in (first.extractor, first.head):
+        arr.setflags(write=False)  # as the object store's arrays are
+    second = get_weights(build_model("cnn3p2_fmnist", (1, 16, 16), 10, seed=2), ("head",))
+    for weights in (first, first, second, first):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # what a client's training does between two loads
+        loader.load(model, weights)
+        assert get_weights(model, weights.part_names).equals(weights)
+    model.head = nn.Linear(model.head.in_features, model.head.out_features)  # a new head module
+    loader.load(model, first)
+    assert get_weights(model, PARTS).equals(first)
+
+
 def test_fedpacs_models_are_the_authors():
     """cnn_pac and cnn_pac_cifar as JianXu95/FedPAC's CNN_FMNIST and CifarCNN: the second conv
     (and the CIFAR one's third) padded by 1, every conv max-pooled, so FC 128 reads 32 x 5 x 5 and
