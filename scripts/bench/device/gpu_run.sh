@@ -4,7 +4,8 @@
 # Unpacks the kit's slim Ray 2.60.0 (+ jsonschema and its dependencies, which the device image lacks)
 # into $SITE and Fashion-MNIST into data/FashionMNIST/raw, then runs the GPU tests,
 # clients_per_second.py (mlp_fcd and cnn3p2_fmnist, the cross-device regime's one-step clients) and
-# gpu_share.py; each step's output goes to $OUT/<step>.log, and a failed step does not stop the rest.
+# gpu_share.py (and with STEPS naming it, the `batched` step below); each step's output goes to
+# $OUT/<step>.log, and a failed step does not stop the rest.
 # Overridable: PY, SITE, OUT, DEVICE (cuda), LAYOUTS, ROUNDS (6), STEPS, TOTAL (s: the share step gets what is left of it).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -62,6 +63,24 @@ step test 170 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_gp
 CPS="scripts/bench/clients_per_second.py --device $DEVICE --partition iid --federation 3000 --clients 200 --batch 5 10 20 --repeats 3"
 step cps_mlp 90 "$PY" $CPS --model mlp_fcd
 step cps_cnn 120 "$PY" $CPS --model cnn3p2_fmnist
+# the cross-device workload end to end on one worker holding the GPU: one by one against batches of
+# 16 clients (--batch-clients); not in the default STEPS
+batched() {
+  for per_round in 200 1000; do
+    for model in mlp_fcd cnn3p2_fmnist; do
+      for k in 1 16; do
+        flags=(--batch-clients "$k")
+        "$PY" scripts/run.py --algo fedavg --dataset fmnist --model $model --partition iid --clients 3000 \
+          --participation "$(python3 -c "print($per_round / 3000)")" --rounds 3 --local-epochs 1 --batch-size 40 \
+          --lr 0.01 --seed 0 --eval-every 0 --workers 1 --gpus-per-worker 1 --cpus-per-worker 4 \
+          --no-progress --no-tensorboard -q --out "/tmp/batched-$model-$per_round-$k" "${flags[@]}" |
+          tail -1 | "$PY" -c "import json, sys; d = json.loads(sys.stdin.read()); print(json.dumps({'model': '$model', 'per_round': $per_round, 'batch_clients': '$k', 'rounds_s': d['train_time_s'], 'updates_per_s': round(3 * $per_round / d['train_time_s'], 1), 'startup_s': d['startup_s'], 'gm_gtest': d['final']['gm_gtest']}))"
+      done
+    done
+  done
+}
+export -f batched
+step batched 300 bash -c batched
 # shellcheck disable=SC2086
 left=$((TOTAL - SECONDS)); [ "$left" -lt 90 ] && left=90
 step share "$left" "$PY" scripts/bench/gpu_share.py --layouts $LAYOUTS --rounds "$ROUNDS"
