@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 #: the config Regularizable.setting last read, and its answer
-_LAST_SETTING: list[Any] = [None, None]
+_last_setting: tuple[Any, Any] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,14 @@ class Regularizable(Capability):
     def setting(cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
         """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``), read
         once per config (every client's update asks)."""
-        last = _LAST_SETTING
-        if last[0] is not cfg:
+        global _last_setting
+        read, setting = _last_setting  # one tuple: a pair from one config, whichever thread wrote it
+        if read is not cfg:
             p = engine_settings(cfg.algo_params)
-            last[:] = [cfg, (tuple(p.regularizers), p.reg_beta, p.reg_tau)]
-        setting: tuple[tuple[str, ...], float, float] = last[1]
-        return setting
+            setting = (tuple(p.regularizers), p.reg_beta, p.reg_tau)
+            _last_setting = (cfg, setting)
+        out: tuple[tuple[str, ...], float, float] = setting
+        return out
 
     def wrap(
         self, cfg: ExperimentConfig, ctx: ClientContext, received: ModelWeights, parts: Sequence[str], loss_fn: LossFn
