@@ -27,10 +27,10 @@ from raysim.weights import PARTS, ModelWeights
 
 __all__ = [
     "L2Normalize",
+    "ModuleLayout",
     "SplitModel",
     "WeightsLoader",
     "build_model",
-    "ModuleLayout",
     "float_tensors",
     "get_weights",
     "layout",
