@@ -339,7 +339,7 @@ def to_channels_last(model: SplitModel) -> SplitModel:
 
 class ModuleLayout:
     """What a module's state holds, read once (:func:`layout`): its floating-point state tensors in
-    the order a flat part lays them out, each one's size, its modules and its parameters.
+    the order a flat part lays them out, its modules and its parameters.
 
     A client's update loads its parts, trains them and reads them back (issue 29): walking the
     module tree for that three times a part was a tenth of a one-step client's time. The layout is
@@ -349,7 +349,7 @@ class ModuleLayout:
     in place without registering them). A module whose state dict is customised is read through
     ``state_dict`` every time."""
 
-    __slots__ = ("floats", "sizes", "total", "modules", "params", "_generation", "_held")
+    __slots__ = ("floats", "modules", "params", "_generation", "_held")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self._generation = _registrations[0]
@@ -371,8 +371,6 @@ class ModuleLayout:
                     floats.append(t)
                     held.append((m._buffers, name, t))
         self.floats: tuple[torch.Tensor, ...] | None = None if custom else tuple(floats)
-        self.sizes = () if custom else tuple(t.numel() for t in floats)
-        self.total = sum(self.sizes)
         self._held = () if custom else tuple(held)
 
     def current(self) -> bool:
@@ -423,10 +421,10 @@ def get_part(model: SplitModel, part: str) -> np.ndarray:
     return flat.numpy()
 
 
-def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
-    lay = layout(model.part(part))
-    tensors = float_tensors(model.part(part)) if lay.floats is None else lay.floats
-    total = sum(t.numel() for t in tensors) if lay.floats is None else lay.total
+def _views_of(part: str, flat: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Part ``part``'s flat array as one view per tensor of ``tensors``, shaped like it, in order
+    (no copy of a C-contiguous float32 array; a read-only one, from the object store, is only read)."""
+    total = sum(t.numel() for t in tensors)
     if flat.size != total:
         raise ValueError(f"part {part} has {total} values, got {flat.size}")
     if flat.dtype != np.float32 or not flat.flags.c_contiguous:
@@ -434,15 +432,23 @@ def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
     if flat.flags.writeable:
         src = torch.from_numpy(flat)
     else:
-        with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
+        with warnings.catch_warnings():  # torch warns that it could write: it only reads here
             warnings.simplefilter("ignore", UserWarning)
             src = torch.from_numpy(flat)
+    views = []
     offset = 0
+    for t in tensors:
+        n = t.numel()
+        views.append(src[offset : offset + n].view_as(t))
+        offset += n
+    return views
+
+
+def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
+    tensors = float_tensors(model.part(part))
     with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(src[offset : offset + n].view_as(t))
-            offset += n
+        for t, src in zip(tensors, _views_of(part, flat, tensors), strict=True):
+            t.copy_(src)
 
 
 class WeightsLoader:
@@ -481,16 +487,8 @@ class WeightsLoader:
             lay = layout(module)
             if lay.floats is None or any(t.device.type != "cpu" for t in lay.floats):
                 return False
-            if flat.size != lay.total:
-                raise ValueError(f"part {name} has {lay.total} values, got {flat.size}")
-            with warnings.catch_warnings():  # a read-only buffer from the object store; only read here
-                warnings.simplefilter("ignore", UserWarning)
-                src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
-            offset = 0
-            for t, n in zip(lay.floats, lay.sizes, strict=True):
-                self._dst.append(t)
-                self._src.append(src[offset : offset + n].view_as(t))
-                offset += n
+            self._dst += lay.floats
+            self._src += _views_of(name, flat, lay.floats)
             self._layouts.append((module, lay))
         self._weights, self._model = weights, model
         return True
