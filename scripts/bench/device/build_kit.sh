@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 V=${1:-312}; OUT=${2:-.whl}; DL=/tmp/gpukit/dl$V
+case "$V" in 3[0-9][0-9]) ;; *) echo "build_kit.sh: PYVER is CPython's version without its dot, e.g. 312, not '$V'" >&2; exit 2 ;; esac
 mkdir -p "$DL" "$OUT"
 PIPARGS="--no-deps --only-binary=:all: --python-version ${V:0:1}.${V:1} --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d $DL"
 python3 -m pip download -q $PIPARGS ray==2.60.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1

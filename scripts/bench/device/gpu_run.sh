@@ -13,6 +13,10 @@ ROOT=$(pwd); KIT=$ROOT/.whl
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-/tmp/out}; DEVICE=${DEVICE:-cuda}
 LAYOUTS=${LAYOUTS:-cpu:16 gpu:1 gpu:5 gpu:10}; ROUNDS=${ROUNDS:-6}; TOTAL=${TOTAL:-430}
 STEPS=${STEPS:-setup test cps_mlp cps_cnn share}
+for s in $STEPS; do
+  case " setup test cps_mlp cps_cnn batched share " in *" $s "*) ;;
+    *) echo "gpu_run.sh: STEPS names setup, test, cps_mlp, cps_cnn, batched and share, not '$s'" >&2; exit 2 ;; esac
+done
 mkdir -p "$OUT" "$SITE"
 export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
