@@ -75,6 +75,28 @@ def test_a_run_that_started_ray_stops_it(tmp_path):
     assert dashboard == "heads 0 agents 1", dashboard  # the node's agent, and no dashboard head
 
 
+@pytest.mark.ray
+def test_a_starting_ray_asks_for_its_node_once_the_raylet_has_registered(ray_local):
+    """``ray.init``'s wait for its node (``session.lean_start``): Ray's call is made as soon as the
+    GCS lists the node alive, and for a node it does not list, after the poll's timeout."""
+    import ray
+
+    from raysim.engine.executors.session import _when_registered
+
+    address = ray.get_runtime_context().gcs_address
+    node = ray.get_runtime_context().get_node_id()
+    calls: list[tuple[str, str]] = []
+    get_node = _when_registered(lambda a, n: calls.append((a, n)) or "the node's info", timeout_s=2.0)
+    t = time.monotonic()
+    assert get_node(address, node) == "the node's info"
+    registered = time.monotonic() - t
+    t = time.monotonic()
+    get_node(address, "ab" * 28)
+    unknown = time.monotonic() - t
+    assert calls == [(address, node), (address, "ab" * 28)]
+    assert registered < 1.0 and unknown >= 2.0, (registered, unknown)
+
+
 def test_the_runner_does_not_import_ray():
     import ast
 

@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,23 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def local_ray_environment() -> None:
     """Environment for a Ray started here: loopback only, no usage reporting, token authentication
-    without its warning, and client workers at normal priority. Ray starts its workers at niceness
-    15 (``RAY_worker_niceness``) to keep its daemons responsive; raysim's workers are the
-    computation, and at niceness 15 any other process on the machine preempts them, which stalls
-    intra-op threads waiting at their barriers. Set before Ray is imported, which reads some of it
-    then."""
+    without its warning, client workers at normal priority, and no workers started ahead.
+
+    - Ray starts its workers at niceness 15 (``RAY_worker_niceness``) to keep its daemons
+      responsive; raysim's workers are the computation, and at niceness 15 any other process on
+      the machine preempts them, which stalls intra-op threads waiting at their barriers.
+    - When the first driver connects, Ray's raylet starts a worker process per CPU for it before
+      it answers (``RAY_prestart_worker_first_driver``): 0.5 s of ``ray.init`` on a 2-core
+      machine (issue 29). raysim's actors are created a moment later and wait for their workers'
+      processes either way; without the prestart, a run starts as soon or sooner
+      (``scripts/bench/overhead.py``'s start-up; interleaved runs in issue 29's note).
+
+    Set before Ray is imported, which reads some of it then; the daemons Ray starts read them from
+    the environment they inherit."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_worker_niceness", "0")
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # Ray turns token authentication on for a local cluster by default and says so in a warning the
     # user cannot act on: authentication stays on, the warning goes
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
@@ -151,12 +161,20 @@ def lean_start() -> Iterator[None]:
       the run's cores. ``ray._private.node.Node.start_api_server`` does nothing for the start
       only; the node has no dashboard address, as when Ray's dashboard fails to start.
 
+    - The driver asks for its node as soon as the node's raylet has registered, not on the next of
+      Ray's 1-s retries: ``ray.init`` asks the GCS for the node through a call that, until the
+      raylet registers, sleeps a second between tries, and the raylet registers once its agent
+      has started (0.7-1.4 s on a 2-core machine), so a start waited for the third try (issue 29).
+      :func:`_when_registered` polls the GCS's node table every 20 ms first, then makes Ray's call.
+
     A local run reads nothing from the dashboard, its metrics, or the job and state APIs that
     the dashboard head serves (a cluster started with ``ray start`` keeps all of them, for ``ray
-    job submit``). Where a Ray lacks either function, that part changes nothing."""
-    from ray._private import node, utils
+    job submit``). Where a Ray lacks one of these functions, that part changes nothing."""
+    from ray._private import node, services, utils
 
     patches: list[tuple[Any, str, Any]] = []
+    if getattr(services, "get_node", None) is not None:
+        patches.append((services, "get_node", _when_registered(services.get_node)))
     if getattr(utils, "get_dashboard_dependency_error", None) is not None:
         patches.append(
             (utils, "get_dashboard_dependency_error", lambda: ImportError("raysim: a local Ray runs its agent minimal"))
@@ -175,6 +193,31 @@ def lean_start() -> Iterator[None]:
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+
+
+def _when_registered(get_node: Any, timeout_s: float = 30.0, every_s: float = 0.02) -> Any:
+    """Ray's ``services.get_node(gcs_address, node_id)``, called once the GCS lists the node alive
+    (polled every ``every_s``, for at most ``timeout_s``; then Ray's own retries and its error)."""
+
+    def get_node_when_registered(gcs_address: str, node_id: str) -> Any:
+        try:
+            from ray._private import services, state
+
+            table = state.GlobalState()
+            table._initialize_global_state(services._get_gcs_client_options(gcs_address))
+            try:
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    if any(n.get("NodeID") == node_id and n.get("Alive") for n in table.node_table()):
+                        break
+                    time.sleep(every_s)
+            finally:
+                table.disconnect()
+        except Exception as e:  # a Ray without these internals: its own call alone
+            log.debug("could not poll the GCS for the node (%s)", e)
+        return get_node(gcs_address, node_id)
+
+    return get_node_when_registered
 
 
 def default_workers(cfg: ExperimentConfig) -> int:
