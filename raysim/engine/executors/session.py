@@ -262,15 +262,20 @@ def stop_ray() -> None:
     here. By the time raysim stops Ray, everything a run keeps is on disk or in this process and
     the client workers are killed, so the daemons are killed without the wait (Ray's
     ``kill_all_processes(allow_graceful=False)``), and so are the processes they started (the
-    raylet's agents, which a killed raylet leaves behind, and any worker still there).
+    raylet's agents, which a killed raylet leaves behind, and any worker still there). A worker
+    the raylet was starting as it was killed (a run that fails while its actors start) is no
+    daemon's child by then, and lives on: every process that names this Ray's session on its
+    command line goes too (:func:`_kill_session`).
     """
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
     kill = getattr(node, "kill_all_processes", None)
     family: list[Any] = []
+    session_name = None
     if callable(kill):
         family = _descendants(node)
+        session_name = getattr(node, "session_name", None)
 
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
@@ -283,7 +288,26 @@ def stop_ray() -> None:
             proc.kill()
         except Exception:  # gone already (psutil checks that the pid is still the same process)
             pass
+    if session_name:
+        _kill_session(session_name)
     sys.stdout.flush()
+
+
+def _kill_session(session_name: str) -> None:
+    """Kill every process of this machine but this one whose command line names Ray's session
+    ``session_name`` (its daemons' and workers' ``--session-name=...``, its paths under the
+    session's folder); nothing without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.info["pid"] != me and any(session_name in arg for arg in proc.info["cmdline"] or ()):
+                proc.kill()
+        except Exception:  # gone already, or not ours to kill
+            pass
 
 
 def _descendants(node: Any) -> list[Any]:
