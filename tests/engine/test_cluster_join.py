@@ -46,7 +46,10 @@ def test_join_a_two_node_cluster_and_match_the_serial_run(tmp_path):
         # the driver joins with this process's settings, token authentication included: the
         # cluster's nodes were started from here with them
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        daemons = [p.process for node in cluster.list_all_nodes() for ps in node.all_processes.values() for p in ps]
         _, joined = _run(["--address", cluster.address, "--workers", "2"], tmp_path, "joined", env)
+        # the run that joined the cluster left every daemon of it running
+        assert daemons and all(p.poll() is None for p in daemons), [p.args[0] for p in daemons if p.poll() is not None]
         _, serial = _run(["--executor", "serial"], tmp_path, "serial")
         # with a cluster running on this machine, a run without --address still starts its own Ray
         # (plain ray.init() would join the cluster `ray start` or this test left behind)

@@ -265,7 +265,8 @@ def stop_ray() -> None:
     raylet's agents, which a killed raylet leaves behind, and any worker still there). A worker
     the raylet was starting as it was killed (a run that fails while its actors start) is no
     daemon's child by then, and lives on: every process that names this Ray's session on its
-    command line goes too (:func:`_kill_session`).
+    command line goes too (:func:`_kill_session`). A cluster this process joined is left running:
+    its node here started nothing.
     """
     import ray
 
@@ -275,7 +276,8 @@ def stop_ray() -> None:
     session_name = None
     if callable(kill):
         family = _descendants(node)
-        session_name = getattr(node, "session_name", None)
+        if getattr(node, "all_processes", None):  # daemons this process started, not a cluster it joined
+            session_name = getattr(node, "session_name", None)
 
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
