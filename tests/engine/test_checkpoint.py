@@ -167,10 +167,13 @@ def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     assert "--resume" in err and "Traceback" not in err
     ckpt = checkpoint.load(tmp_path / "run")
     assert 2 <= ckpt.round < 20 and json.loads(out.strip().splitlines()[-1])["stopped"]
-    resumed = run_cli(["--resume", str(tmp_path / "run"), "--no-progress"], tmp_path)
+    # two rounds on from the checkpoint (--rounds is what a resumed run may change), and the serial
+    # run to there
+    end = str(ckpt.round + 2)
+    resumed = run_cli(["--resume", str(tmp_path / "run"), "--rounds", end, "--no-progress"], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
-    serial = run_cli([*args, "--executor", "serial", "--out", str(tmp_path / "serial")], tmp_path)
+    serial = run_cli([*args, "--rounds", end, "--executor", "serial", "--out", str(tmp_path / "serial")], tmp_path)
     assert serial.wait(300) == 0
     a = pq.read_table(tmp_path / "serial" / "metrics.parquet").to_pylist()
     b = pq.read_table(tmp_path / "run" / "metrics.parquet").to_pylist()
