@@ -160,7 +160,6 @@ def lean_start() -> Iterator[None]:
       (``scripts/bench/overhead.py`` reports the start-up), and a Python process's start on
       the run's cores. ``ray._private.node.Node.start_api_server`` does nothing for the start
       only; the node has no dashboard address, as when Ray's dashboard fails to start.
-
     - The driver asks for its node as soon as the node's raylet has registered, not on the next of
       Ray's 1-s retries: ``ray.init`` asks the GCS for the node through a call that, until the
       raylet registers, sleeps a second between tries, and the raylet registers once its agent
