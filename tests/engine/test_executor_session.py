@@ -59,7 +59,9 @@ def test_a_run_that_started_ray_stops_it(tmp_path):
         "import ray\n"
         "gone, alive = psutil.wait_procs(census.procs, timeout=10)\n"
         "heads = sum('dashboard/dashboard.py' in line for line in census.lines)\n"
-        "agents = sum('DashboardAgent' in line for line in census.lines)\n"
+        # the agent by its title, or by its script while it still imports (it starts beside the
+        # workers); the raylet's own command line names that script too, further on
+        "agents = sum('DashboardAgent' in line or 'dashboard/agent.py' in ' '.join(line.split()[:3]) for line in census.lines)\n"
         "print('heads', heads, 'agents', agents)\n"
         "print('during the run', len(census.procs), 'left', [p.name() for p in alive])\n"
         "print('initialized', ray.is_initialized())\n"
@@ -95,6 +97,59 @@ def test_a_starting_ray_asks_for_its_node_once_the_raylet_has_registered(ray_loc
     unknown = time.monotonic() - t
     assert calls == [(address, node), (address, "ab" * 28)]
     assert registered < 1.0 and unknown >= 2.0, (registered, unknown)
+
+
+@pytest.mark.ray
+def test_a_local_rays_agents_start_beside_the_run_and_yield_to_it(ray_local):
+    """``session.lean_start``: the raylet registered with the ports written ahead of its agents
+    (none for the minimal dashboard agent's services, and the runtime environment agent's chosen
+    port, on which that agent then serves a task's environment), and Ray's Python helpers run at
+    niceness 19 while the GCS and the raylet keep theirs."""
+    import psutil
+    import ray
+
+    from raysim.engine.executors.session import DASHBOARD_AGENT, RUNTIME_ENV_AGENT
+
+    here = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == here)
+    assert (node["MetricsAgentPort"], node["MetricsExportPort"], node["DashboardAgentListenPort"]) == (-1, -1, -1)
+    port = node["RuntimeEnvAgentPort"]
+    assert port > 0
+
+    @ray.remote(num_cpus=0)
+    def read(name: str) -> str | None:
+        return os.environ.get(name)
+
+    assert ray.get(read.options(runtime_env={"env_vars": {"RAYSIM_SEEN": "yes"}}).remote("RAYSIM_SEEN")) == "yes"
+
+    def line(p: psutil.Process) -> str:
+        return " ".join(p.cmdline())
+
+    daemons = {kind: [psutil.Process(i.process.pid) for i in infos] for kind, infos in ray._private.worker._global_node.all_processes.items()}
+    (raylet,) = daemons["raylet"]
+    agents = [c for c in raylet.children() if any(n in line(c) for n in DASHBOARD_AGENT + RUNTIME_ENV_AGENT)]
+    (env_agent,) = [a for a in agents if any(n in line(a) for n in RUNTIME_ENV_AGENT)]
+    assert len(agents) == 2
+    assert any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in env_agent.net_connections())
+    helpers = [*agents, *daemons["log_monitor"], *daemons["monitor"]]
+    assert [p.nice() for p in helpers] == [19] * len(helpers)
+    assert raylet.nice() == 0 and [p.nice() for p in daemons["gcs_server"]] == [0]
+
+
+def test_a_client_workers_constructor_imports_pytorch():
+    """A client worker's actor imports PyTorch as it is created, not when its data comes
+    (``ClientWorker``): its process imports it while the driver loads the data."""
+    code = (
+        "import sys\n"
+        "from raysim.engine.executors.actors import ClientWorker\n"
+        "from tests.conftest import tiny_config\n"
+        "before = 'torch' in sys.modules\n"
+        "ClientWorker(tiny_config(), 0)\n"
+        "print(before, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"]
 
 
 def test_the_runner_does_not_import_ray():

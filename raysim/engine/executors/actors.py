@@ -26,13 +26,16 @@ if TYPE_CHECKING:
 class ClientWorker:
     """A client-worker actor: hosts the clients whose home it is (and runs stateless jobs).
 
-    The constructor only keeps its arguments, and the data comes to :meth:`setup`, not to the
-    constructor: an actor whose constructor waits for an argument is not started until the argument
-    exists, and the worker's process can start (and import PyTorch, most of its start) while the
-    driver puts the data into the object store. :meth:`setup` builds the runtime, so that bad input
-    found there (a model that does not fit the data) reaches the driver as its ConfigError."""
+    The data comes to :meth:`setup`, not to the constructor: an actor whose constructor waits for
+    an argument is not started until the argument exists. The constructor imports the training
+    code (PyTorch, most of a worker's start), so that the worker's process starts and imports it
+    while the driver loads the data and puts it into the object store. :meth:`setup` builds the
+    runtime, so that bad input found there (a model that does not fit the data) reaches the driver
+    as its ConfigError."""
 
     def __init__(self, cfg: ExperimentConfig, index: int) -> None:
+        import raysim.engine.client  # noqa: F401  (PyTorch and the client runtime)
+
         self.cfg, self.index = cfg, index
 
     def setup(self, data: FederatedData) -> tuple[str, str]:

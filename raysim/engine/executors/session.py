@@ -128,7 +128,7 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     kwargs: dict[str, object] = {}
     if cfg.ray.object_store_mb:
         kwargs["object_store_memory"] = cfg.ray.object_store_mb * 1024 * 1024
-    with lean_start():
+    with lean_start(runtime_env=runtime_env is not None):
         ray.init(
             address="local",  # a new Ray of our own, even where `ray start` left a cluster running
             include_dashboard=False,
@@ -145,7 +145,7 @@ def start_ray(cfg: ExperimentConfig) -> bool:
 
 
 @contextlib.contextmanager
-def lean_start() -> Iterator[None]:
+def lean_start(runtime_env: bool = False) -> Iterator[None]:
     """While a local Ray starts: none of the dashboard's processes that a local run never reads.
 
     - Its node's dashboard agent runs in Ray's minimal mode. The raylet waits for that agent's
@@ -160,11 +160,25 @@ def lean_start() -> Iterator[None]:
       (``scripts/bench/overhead.py`` reports the start-up), and a Python process's start on
       the run's cores. ``ray._private.node.Node.start_api_server`` does nothing for the start
       only; the node has no dashboard address, as when Ray's dashboard fails to start.
+    - The raylet does not wait for its agents' Python processes to start. It registers with the
+      GCS only once it has read the ports its two agents (the dashboard agent and the runtime
+      environment agent) write to the session's folder when they are up: 0.7-2 s of imports on a
+      2-core machine, all of it in ``ray.init`` (issue 29). The minimal dashboard agent's ports
+      are known before it starts (it serves neither metrics nor HTTP and writes -1 for each), and
+      the runtime environment agent's is chosen here and given to it: :func:`_ports_ahead` writes
+      them, with Ray's own ``persist_port``, before the raylet starts, and the agents start
+      beside the run's workers instead of before them. The agents write the same values when
+      they are up.
     - The driver asks for its node as soon as the node's raylet has registered, not on the next of
       Ray's 1-s retries: ``ray.init`` asks the GCS for the node through a call that, until the
-      raylet registers, sleeps a second between tries, and the raylet registers once its agent
-      has started (0.7-1.4 s on a 2-core machine), so a start waited for the third try (issue 29).
-      :func:`_when_registered` polls the GCS's node table every 20 ms first, then makes Ray's call.
+      raylet registers, sleeps a second between tries (issue 29). :func:`_when_registered` polls
+      the GCS's node table every 20 ms first, then makes Ray's call.
+    - Ray's Python helpers yield the CPUs to the run: once ``ray.init`` has returned, the agents,
+      the log monitor and the autoscaler's monitor run at niceness 19 (:func:`_helpers_yield`). At
+      the start they import Ray (1-2 s of CPU each) while the run's workers start and import
+      PyTorch, on the same cores; at niceness 19 they take what the workers leave. The runtime
+      environment agent keeps its priority where the run has a runtime environment
+      (``runtime_env``): every worker's start then waits for it.
 
     A local run reads nothing from the dashboard, its metrics, or the job and state APIs that
     the dashboard head serves (a cluster started with ``ray start`` keeps all of them, for ``ray
@@ -178,6 +192,8 @@ def lean_start() -> Iterator[None]:
         patches.append(
             (utils, "get_dashboard_dependency_error", lambda: ImportError("raysim: a local Ray runs its agent minimal"))
         )
+        if getattr(node.Node, "start_raylet", None) is not None:  # ports known only for a minimal agent
+            patches.append((node.Node, "start_raylet", _ports_ahead(node.Node.start_raylet)))
     if getattr(node.Node, "start_api_server", None) is not None:
 
         def no_api_server(self: Any, **_: Any) -> None:
@@ -192,6 +208,85 @@ def lean_start() -> Iterator[None]:
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+    _helpers_yield(keep_runtime_env_agent=runtime_env)
+
+
+HELPERS_NICENESS = 19
+#: the raylet's agents, by their scripts or (once they have set it) their process titles
+DASHBOARD_AGENT = (os.path.join("dashboard", "agent.py"), "DashboardAgent")
+RUNTIME_ENV_AGENT = (os.path.join("runtime_env", "agent", "main.py"), "RuntimeEnvAgent")
+
+
+def _helpers_yield(keep_runtime_env_agent: bool = False) -> None:
+    """Lower to niceness 19 the Python helpers of the Ray this process started (its log monitor and
+    autoscaler monitor, and its raylet's agents), so that the run's workers come first on its
+    cores; the runtime environment agent too unless ``keep_runtime_env_agent``. The GCS and the
+    raylet keep theirs. Nothing without psutil, or for a Ray this process joined."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+    daemons = getattr(node, "all_processes", None)
+    if not daemons:
+        return
+    try:
+        import psutil
+    except ImportError:
+        return
+    names = DASHBOARD_AGENT if keep_runtime_env_agent else DASHBOARD_AGENT + RUNTIME_ENV_AGENT
+    helpers = []
+    for kind, infos in daemons.items():
+        for info in infos:
+            try:
+                proc = psutil.Process(info.process.pid)
+                if kind in ("log_monitor", "monitor"):
+                    helpers.append(proc)
+                elif kind == "raylet":
+                    helpers += [c for c in proc.children() if any(n in " ".join(c.cmdline()) for n in names)]
+            except Exception:  # gone already
+                pass
+    for proc in helpers:
+        try:
+            proc.nice(max(proc.nice(), HELPERS_NICENESS))
+        except Exception:  # gone already
+            pass
+
+
+def _ports_ahead(start_raylet: Any) -> Any:
+    """Ray's ``Node.start_raylet``, after writing to the session's folder the ports that the
+    raylet waits for its agents to write: -1 (no service) for the minimal dashboard agent's
+    metrics and HTTP ports, and for its metrics export port (the node then advertises none for
+    Prometheus to scrape, which a local run never does), and for the runtime environment agent a
+    free port, which the raylet then gives that agent to listen on. Where one of these ports was
+    configured, or Ray lacks these internals, nothing is written and the raylet waits for its
+    agents as before."""
+
+    def start_raylet_ports_ahead(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            from ray._raylet import (  # type: ignore[attr-defined]
+                DASHBOARD_AGENT_LISTEN_PORT_NAME,
+                METRICS_AGENT_PORT_NAME,
+                METRICS_EXPORT_PORT_NAME,
+                RUNTIME_ENV_AGENT_PORT_NAME,
+                persist_port,
+            )
+
+            params = self._ray_params
+            # the HTTP port (52365 by default) is one the minimal agent never listens on
+            if not (params.metrics_agent_port or params.metrics_export_port or params.runtime_env_agent_port):
+                params.runtime_env_agent_port = self._get_unused_port()
+                ports = {
+                    METRICS_AGENT_PORT_NAME: -1,
+                    METRICS_EXPORT_PORT_NAME: -1,
+                    DASHBOARD_AGENT_LISTEN_PORT_NAME: -1,
+                    RUNTIME_ENV_AGENT_PORT_NAME: params.runtime_env_agent_port,
+                }
+                for name, port in ports.items():
+                    persist_port(self._session_dir, self._node_id, name, port)
+        except Exception as e:  # a Ray without these internals: its raylet waits for its agents
+            log.debug("could not write the agents' ports ahead (%s)", e)
+        return start_raylet(self, *args, **kwargs)
+
+    return start_raylet_ports_ahead
 
 
 def _when_registered(get_node: Any, timeout_s: float = 30.0, every_s: float = 0.02) -> Any:
