@@ -104,10 +104,11 @@ def ray_local() -> Iterator[None]:
     """One local Ray for the whole session (2 CPUs, loopback), shut down at the end."""
     import ray
 
-    from raysim.engine.executors.session import lean_start
+    from raysim.engine.executors.session import lean_start, local_ray_environment
 
     if not ray.is_initialized():
-        with lean_start():  # as a local run starts it: seconds sooner
+        local_ray_environment()  # as a local run starts it (workers at normal priority, none started ahead)
+        with lean_start():  # ... and seconds sooner
             # a Ray of its own, even where `ray start` left a cluster (or its address file) here
             ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
