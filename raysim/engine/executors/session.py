@@ -361,17 +361,25 @@ def stop_ray() -> None:
     daemon's child by then, and lives on: every process that names this Ray's session on its
     command line goes too (:func:`_kill_session`). A cluster this process joined is left running:
     its node here started nothing.
+
+    Then it waits (at most ``STOP_WAIT_S``) until every process it killed has ended: a killed
+    process ends only once it is scheduled, and Ray's helpers run at niceness 19
+    (:func:`_helpers_yield`), which on a busy machine took them a second or more after a run that
+    had already returned.
     """
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
     kill = getattr(node, "kill_all_processes", None)
     family: list[Any] = []
+    daemons: list[Any] = []
     session_name = None
     if callable(kill):
         family = _descendants(node)
         if getattr(node, "all_processes", None):  # daemons this process started, not a cluster it joined
             session_name = getattr(node, "session_name", None)
+            started: dict[str, Any] = node.all_processes  # type: ignore[union-attr]
+            daemons = _processes(info.process.pid for infos in started.values() for info in infos)
 
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
@@ -384,26 +392,62 @@ def stop_ray() -> None:
             proc.kill()
         except Exception:  # gone already (psutil checks that the pid is still the same process)
             pass
-    if session_name:
-        _kill_session(session_name)
+    swept = _kill_session(session_name) if session_name else []
+    _wait_ended([*daemons, *family, *swept], STOP_WAIT_S)
     sys.stdout.flush()
 
 
-def _kill_session(session_name: str) -> None:
+STOP_WAIT_S = 5.0
+
+
+def _kill_session(session_name: str) -> list[Any]:
     """Kill every process of this machine but this one whose command line names Ray's session
     ``session_name`` (its daemons' and workers' ``--session-name=...``, its paths under the
-    session's folder); nothing without psutil."""
+    session's folder); returns them (psutil handles). Nothing without psutil."""
     try:
         import psutil
     except ImportError:
-        return
+        return []
     me = os.getpid()
+    killed = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             if proc.info["pid"] != me and any(session_name in arg for arg in proc.info["cmdline"] or ()):
                 proc.kill()
+                killed.append(proc)
         except Exception:  # gone already, or not ours to kill
             pass
+    return killed
+
+
+def _processes(pids: Any) -> list[Any]:
+    """psutil handles of the processes ``pids`` that are there; none without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except Exception:  # gone already
+            pass
+    return out
+
+
+def _wait_ended(procs: list[Any], timeout_s: float, every_s: float = 0.01) -> None:
+    """Wait until none of ``procs`` (psutil handles) runs, a zombie counting as ended (a process
+    whose parent, or a container's first process, has not reaped it), for at most ``timeout_s``."""
+
+    def running(proc: Any) -> bool:
+        try:
+            return bool(proc.is_running() and proc.status() != "zombie")
+        except Exception:  # gone
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while any(running(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(every_s)
 
 
 def _descendants(node: Any) -> list[Any]:
