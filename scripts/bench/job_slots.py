@@ -67,6 +67,26 @@ def timed(a: argparse.Namespace, threads: int, copies: int) -> list[float]:
     return out
 
 
+def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuse bad input before any step, in one sentence (argparse's error): an unknown model, a
+    count below 1, a shape that is not positive integers or that the model does not take."""
+    from raysim.errors import ConfigError
+    from raysim.registry import MODELS
+
+    for name in ("batch", "steps", "slots", "repeats"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name} must be at least 1, not {getattr(a, name)}")
+    if a.model not in MODELS.names():
+        ap.error(f"--model: unknown model {a.model!r}; one of {', '.join(sorted(MODELS.names()))}")
+    dims = a.shape.split(",")
+    if not all(d.strip().isdigit() and int(d) > 0 for d in dims):
+        ap.error(f"--shape must be positive whole numbers separated by commas (e.g. 1,28,28), not {a.shape!r}")
+    try:
+        MODELS.get(a.model).check_input(a.model, tuple(int(d) for d in dims))
+    except ConfigError as e:
+        ap.error(str(e))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="cnn3p2_fmnist")
@@ -77,9 +97,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.child is not None:
+    if a.child is not None:  # one timed program, started by this script with checked arguments
         child(a.model, tuple(int(d) for d in a.shape.split(",")), a.batch, a.child, a.steps)
         return
+    check_args(ap, a)
     n = a.slots
     alone, wide, together = [], [], []
     for i in range(a.repeats):  # interleaved, so drift in the machine hits every program
