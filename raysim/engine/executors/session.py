@@ -225,25 +225,16 @@ def _helpers_yield(keep_runtime_env_agent: bool = False) -> None:
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
-    daemons = getattr(node, "all_processes", None)
-    if not daemons:
-        return
-    try:
-        import psutil
-    except ImportError:
-        return
     names = DASHBOARD_AGENT if keep_runtime_env_agent else DASHBOARD_AGENT + RUNTIME_ENV_AGENT
     helpers = []
-    for kind, infos in daemons.items():
-        for info in infos:
-            try:
-                proc = psutil.Process(info.process.pid)
-                if kind in ("log_monitor", "monitor"):
-                    helpers.append(proc)
-                elif kind == "raylet":
-                    helpers += [c for c in proc.children() if any(n in " ".join(c.cmdline()) for n in names)]
-            except Exception:  # gone already
-                pass
+    for kind, proc in _daemons(node):
+        try:
+            if kind in ("log_monitor", "monitor"):
+                helpers.append(proc)
+            elif kind == "raylet":
+                helpers += [c for c in proc.children() if any(n in " ".join(c.cmdline()) for n in names)]
+        except Exception:  # gone already
+            pass
     for proc in helpers:
         try:
             proc.nice(max(proc.nice(), HELPERS_NICENESS))
@@ -375,11 +366,10 @@ def stop_ray() -> None:
     daemons: list[Any] = []
     session_name = None
     if callable(kill):
-        family = _descendants(node)
+        daemons = [proc for _, proc in _daemons(node)]
+        family = _descendants(daemons)
         if getattr(node, "all_processes", None):  # daemons this process started, not a cluster it joined
             session_name = getattr(node, "session_name", None)
-            started: dict[str, Any] = node.all_processes  # type: ignore[union-attr]
-            daemons = _processes(info.process.pid for infos in started.values() for info in infos)
 
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
@@ -420,18 +410,20 @@ def _kill_session(session_name: str) -> list[Any]:
     return killed
 
 
-def _processes(pids: Any) -> list[Any]:
-    """psutil handles of the processes ``pids`` that are there; none without psutil."""
+def _daemons(node: Any) -> list[tuple[str, Any]]:
+    """(kind, psutil handle) of each daemon of Ray's ``node`` that this process started and that is
+    still there (``node.all_processes``: none for a cluster it joined, and none without psutil)."""
     try:
         import psutil
     except ImportError:
         return []
     out = []
-    for pid in pids:
-        try:
-            out.append(psutil.Process(pid))
-        except Exception:  # gone already
-            pass
+    for kind, infos in (getattr(node, "all_processes", None) or {}).items():
+        for info in infos:
+            try:
+                out.append((kind, psutil.Process(info.process.pid)))
+            except Exception:  # gone already, or not a process of this machine's
+                pass
     return out
 
 
@@ -450,17 +442,12 @@ def _wait_ended(procs: list[Any], timeout_s: float, every_s: float = 0.01) -> No
         time.sleep(every_s)
 
 
-def _descendants(node: Any) -> list[Any]:
-    """The processes the daemons of Ray's ``node`` started (psutil handles); none without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return []
+def _descendants(daemons: list[Any]) -> list[Any]:
+    """The processes that ``daemons`` (psutil handles) started, and theirs."""
     out = []
-    for infos in getattr(node, "all_processes", {}).values():
-        for info in infos:
-            try:
-                out += psutil.Process(info.process.pid).children(recursive=True)
-            except Exception:  # already gone, or not a process of this machine's
-                pass
+    for proc in daemons:
+        try:
+            out += proc.children(recursive=True)
+        except Exception:  # already gone
+            pass
     return out
