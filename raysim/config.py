@@ -233,6 +233,11 @@ class RayConfig:
     #: how long a replacement worker may wait for a place in the cluster (e.g. for an autoscaler to
     #: add a node) before the run ends with a checkpoint
     replace_timeout_s: float = setting(300.0, at_least=0)
+    #: after a run on a cluster it joined (not a local Ray, not a suite's trial), each node that hosted
+    #: the run's actors starts as many idle worker processes for the next run, kept at least this
+    #: many seconds (0: none); the next run's actors start in them, without a process's start or
+    #: (where the nodes were started with ``RAY_preload_python_modules=torch``) PyTorch's import
+    prestart_s: float = setting(600.0, at_least=0)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,13 @@ to the executor stopped) phases, whose medians the last line carries too.
 With ``--attached`` (default on), start-up is also measured attached to a running head: a
 ``ray start --head --block`` this script starts on a loopback port (token authentication on, as
 Ray has it by default) and stops at the end, ``raysim_1w`` run against it with ``--address``
-(``--repeats`` runs after one that is not counted: the head's first job pays for its worker pool),
-reported as ``attached_startup_s``; the local runs' start-up is ``raysim_1w_startup_s``.
+(after one that is not counted: the head's first job starts its workers' processes cold, and each run
+leaves the next one processes started, ``ray.prestart_s``): ``--repeats`` runs each started as the
+last one ended, ``attached_startup_s``, then ``--repeats`` runs each started 5 s after the last one
+ended, on an idle head, ``attached_idle_startup_s``. Then the same against a head started as
+``cluster/`` starts its nodes, whose workers import PyTorch before they wait for work
+(``RAY_preload_python_modules=torch``): ``attached_preload_startup_s`` and
+``attached_preload_idle_startup_s``. The local runs' start-up is ``raysim_1w_startup_s``.
 Memory is measured in one more run of each program, apart from the timed ones (reading every
 process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
 size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
@@ -88,9 +93,21 @@ def measure(cmd: list[str], sample_memory: bool, extra_env: dict[str, str] | Non
     return out
 
 
-def attached_startups(repeats: int, tmp: str) -> list[float]:
+#: how ``cluster/`` starts a node for raysim (beside RAY_worker_niceness=0, which changes the rounds,
+#: not the start): the worker processes that a run leaves started for the next one import PyTorch
+PRELOAD_ENV = {"RAY_preload_python_modules": "torch"}
+
+
+#: how long an idle head is left between runs (``attached_idle_*``): enough for the worker processes
+#: that a run leaves started to finish starting (issue 29's note)
+IDLE_S = 5.0
+
+
+def attached_startups(repeats: int, tmp: str, preload: bool = False) -> tuple[list[float], list[float]]:
     """Start-up (process start to the first round's dispatch) of ``raysim_1w`` joined to a head
-    started here; the first run is not counted."""
+    started here (``preload``: with :data:`PRELOAD_ENV`): ``repeats`` runs each started as the last
+    one ended (after one that is not counted), then ``repeats`` runs each started :data:`IDLE_S`
+    after the last one ended."""
     import socket
     import subprocess
 
@@ -100,6 +117,9 @@ def attached_startups(repeats: int, tmp: str) -> list[float]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+    if preload:
+        env.update(PRELOAD_ENV)
+    label = "attached-preload" if preload else "attached"
     ray_cli = str(Path(sys.executable).with_name("ray"))
     head = subprocess.Popen(
         [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={os.cpu_count()}", "--block",
@@ -117,14 +137,18 @@ def attached_startups(repeats: int, tmp: str) -> list[float]:
                     raise SystemExit("the Ray head did not start") from None
                 time.sleep(0.5)
         time.sleep(3)  # the head's agents up
-        out = []
-        for i in range(repeats + 1):
-            cmd = [*raysim_cmd(1, str(Path(tmp) / f"attached-{i}")), "--address", f"127.0.0.1:{port}"]
+        back_to_back: list[float] = []
+        idle: list[float] = []
+        for i in range(2 * repeats + 1):
+            if i > repeats:
+                time.sleep(IDLE_S)
+            cmd = [*raysim_cmd(1, str(Path(tmp) / f"{label}-{i}")), "--address", f"127.0.0.1:{port}"]
             startup = measure(cmd, sample_memory=False, extra_env={"RAY_AUTH_MODE": "token"})["startup_s"]
-            print(f"attached   run {i}: start-up {startup:5.2f} s{' (not counted)' if i == 0 else ''}", flush=True)
+            how = "(not counted)" if i == 0 else "(back to back)" if i <= repeats else f"({IDLE_S:g} s after the last)"
+            print(f"{label} run {i}: start-up {startup:5.2f} s {how}", flush=True)
             if i:
-                out.append(startup)
-        return out
+                (back_to_back if i <= repeats else idle).append(startup)
+        return back_to_back, idle
     finally:
         head.terminate()
         head.wait(timeout=60)
@@ -169,7 +193,8 @@ def main() -> None:
                     f"{name:10s} run {i + 1}: rounds {r['rounds_s']:6.2f} s  process {r['process_s']:6.2f} s  gm_gtest {r['gm_gtest']:.4f}",
                     flush=True,
                 )
-        attached = attached_startups(args.repeats, tmp) if args.attached else []
+        attached = attached_startups(args.repeats, tmp) if args.attached else None
+        preloaded = attached_startups(args.repeats, tmp, preload=True) if args.attached else None
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     for name in med:
         med[name]["peak_mb"] = peaks[name]
@@ -200,8 +225,10 @@ def main() -> None:
     for w in ("1w", "2w"):
         result[f"ratio_{w}_vs_pytorch_defaults"] = round(med[f"raysim_{w}"]["rounds_s"] / defaults["rounds_s"], 3)
     result["gm_gtest"] = {name: round(m["gm_gtest"], 4) for name, m in med.items()}
-    if attached:
-        result["attached_startup_s"] = round(statistics.median(attached), 3)
+    if attached and preloaded:
+        for key, (back_to_back, idle) in (("attached", attached), ("attached_preload", preloaded)):
+            result[f"{key}_startup_s"] = round(statistics.median(back_to_back), 3)
+            result[f"{key}_idle_startup_s"] = round(statistics.median(idle), 3)
     print(json.dumps(result), flush=True)
 
 

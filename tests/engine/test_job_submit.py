@@ -179,6 +179,73 @@ def test_job_submit_runs_a_suite_on_the_cluster(local_cluster: LocalCluster, tmp
     assert (out / "report.md").is_file() and pq.read_table(out / "metrics.parquet").num_rows == 8
 
 
+def _idle_workers(state: Path) -> dict[int, int]:
+    """The cluster's worker processes that belong to no job (started, or starting, by a raylet with
+    no work yet): pid -> its raylet's pid."""
+    import psutil
+
+    out = {}
+    for pid in _cluster_pids(state):
+        try:
+            proc = psutil.Process(pid)
+            cmd = " ".join(proc.cmdline())
+            if cmd.startswith("ray::IDLE") or "default_worker.py" in cmd:
+                out[pid] = proc.ppid()
+        except psutil.Error:
+            pass
+    return out
+
+
+def _imports_torch(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.ray
+@needs_ray_cli
+def test_a_run_on_a_cluster_leaves_the_next_one_its_workers_started(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Issue 29: a run joined to a cluster has each node that hosted its actors start as many idle
+    worker processes (which import PyTorch as they start, as local_cluster.sh starts its nodes), and
+    the next run's actors start in them; with ``ray.prestart_s=0`` a run leaves none."""
+    import importlib.metadata
+    import time
+
+    try:
+        importlib.metadata.distribution("raysim")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("raysim is not installed: its workers need a runtime environment, for which none is started")
+    args = [
+        sys.executable, str(ROOT / "scripts" / "run.py"), "--algo", "fedavg", "--dataset", "synthetic",
+        "--model", "mlp_fcd", "--clients", "4", "--rounds", "1", "--workers", "2", "--threads", "1",
+        "--eval-every", "0", "--no-progress", "--no-tensorboard", "-q", "--address", local_cluster.address,
+    ]  # fmt: skip
+
+    def run(out: str, *extra: str) -> None:
+        proc = subprocess.run([*args, "--out", str(tmp_path / out), *extra], env=local_cluster.env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    before = set(_idle_workers(local_cluster.state))
+    run("first")
+    deadline = time.time() + 60
+    while True:  # a client worker on each node, and the server on one: as many as each node's 1 CPU
+        left = {pid: raylet for pid, raylet in _idle_workers(local_cluster.state).items() if pid not in before}
+        ready = len(left) == 2 and all(_imports_torch(pid) for pid in left)
+        if ready or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(left) == 2 and len(set(left.values())) == 2, left  # one a node
+    assert ready, "the processes a run left did not import PyTorch"
+
+    run("second", "--set", "ray.prestart_s=0")
+    time.sleep(1)
+    now = _idle_workers(local_cluster.state)
+    assert not set(left) & set(now), "the next run's actors did not start in the processes left for them"
+    assert not set(now) - before, "a run with ray.prestart_s=0 left processes"
+
+
 def test_ray_up_config_is_valid() -> None:
     import copy
 

@@ -175,10 +175,11 @@ class ServerActor:
         self.args = (cfg, stats)
         self._jobs: list[Job] = []
 
-    def setup(self, init_weights: ModelWeights) -> None:
+    def setup(self, init_weights: ModelWeights) -> str:
         """``init_weights`` comes here, not to the constructor: an actor whose constructor waits for
         an argument is not started until the argument exists, and the server's process can start
-        while the client workers set up (the weights are worker 0's, once it is set up)."""
+        while the client workers set up (the weights are worker 0's, once it is set up). Returns the
+        actor's Ray node."""
         import ray
 
         from raysim.engine.server import ServerHost
@@ -187,6 +188,7 @@ class ServerActor:
         setup_worker_logging()
         self.host = ServerHost(*self.args, init_weights)
         ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
+        return str(ray.get_runtime_context().get_node_id())
 
     def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
         import ray

@@ -12,14 +12,16 @@ the results and replaces workers that die (:mod:`~raysim.engine.executors.recove
 
 The executor owns its Ray session (:mod:`~raysim.engine.executors.session`): :meth:`RayExecutor.start`
 starts local Ray or joins a cluster, and the client workers' actors, while the data loads, and
-:meth:`RayExecutor.shutdown` stops Ray
-if it started it. Inside a Ray session someone else started (a suite's trial, a test), it uses that
-session and leaves it running.
+:meth:`RayExecutor.shutdown` stops Ray if it started it. On a cluster it joined, each node that hosted
+its actors then starts as many idle worker processes for the next run (``ray.prestart_s``,
+:func:`~raysim.engine.executors.session.prestart_workers`). Inside a Ray session someone else started
+(a suite's trial, a test), it uses that session and leaves it running.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -103,7 +105,7 @@ class RayExecutor:
         self.server = server_cls.options(num_cpus=0).remote(cfg, stats)
         server_setup = self.server.setup.remote(init_weights)
         placed: list[tuple[str, str]] = config_errors_first(setups)
-        config_errors_first([server_setup])  # e.g. a model too small for FedDr+'s ETF
+        [self.server_node] = config_errors_first([server_setup])  # e.g. a model too small for FedDr+'s ETF
         self.devices = [d for d, _ in placed]  # each worker's torch device, e.g. "cuda" on a GPU share
         self.nodes = [n for _, n in placed]  # each worker's Ray node
         # the last good server state: of the last completed round (committed) and of this round so far
@@ -357,6 +359,10 @@ class RayExecutor:
         try:
             self.pool.shutdown()
             ray.kill(self.server)
+            if self.owns_ray and self.cfg.ray.prestart_s > 0 and session.joined_cluster():
+                # the next run on this cluster starts its actors in processes started now
+                hosted = Counter([*self.nodes, self.server_node])
+                session.prestart_workers(hosted, self.cfg.ray.prestart_s)
         finally:
             if self.owns_ray:
                 session.stop_ray()
