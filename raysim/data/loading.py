@@ -10,7 +10,6 @@ user's own) is waited for to its end, and a generated dataset not at all.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from raysim.config import DataConfig
@@ -43,28 +42,18 @@ def check_files(cfg: DataConfig) -> None:
 
 
 class DataLoad:
-    """``build_federated_data(cfg, clients, seed)`` running in a thread of its own; then
-    ``on_data(data)`` in that thread."""
+    """``build_federated_data(cfg, clients, seed)`` running in a thread of its own."""
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        clients: int,
-        seed: int,
-        on_data: Callable[[FederatedData], None] | None = None,
-    ) -> None:
+    def __init__(self, cfg: DataConfig, clients: int, seed: int) -> None:
         self._found = threading.Event()
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="raysim-data")
 
         def load() -> FederatedData:
             on_files_found(self._found.set)
             try:
-                data = build_federated_data(cfg, clients, seed)
+                return build_federated_data(cfg, clients, seed)
             finally:
                 on_files_found(None)
-            if on_data is not None:
-                on_data(data)
-            return data
 
         self._future = self._threads.submit(load)
         self._future.add_done_callback(lambda _: self._found.set())  # after its result is set

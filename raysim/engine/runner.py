@@ -139,30 +139,51 @@ def checked(cfg: ExperimentConfig | Experiment) -> Experiment:
     return cfg if isinstance(cfg, Experiment) else validate(cfg)
 
 
+class SideWork:
+    """``work(data)`` (e.g. the run's partition picture) in a thread of its own, started when called
+    with the data; :meth:`wait` joins it. The run needs nothing it makes."""
+
+    def __init__(self, work: Callable[[FederatedData], None]) -> None:
+        self.work = work
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, data: FederatedData) -> None:
+        self._thread = threading.Thread(target=self.work, args=(data,), name="raysim-side", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 def start(
     experiment: ExperimentConfig | Experiment,
     data: FederatedData | None = None,
     on_data: Callable[[FederatedData], None] | None = None,
 ) -> Executor:
-    """The configured executor, running, on ``data`` (or on the data the config names, loaded while
-    the executor starts its cluster). ``on_data(data)`` runs once the data is there, beside the
-    cluster's start (e.g. the run's partition picture)."""
+    """The configured executor, running, on ``data`` (or on the data the config names, loaded in a
+    thread of its own while the executor starts its cluster). ``on_data(data)`` is called when the
+    executor asks for the data: a Ray executor asks once Ray is up and its client workers' actors
+    are created, so that side work (:class:`SideWork`, e.g. the run's partition picture) runs beside
+    the workers' start, not beside Ray's own (issue 29: drawn beside ``ray.init``, the picture's CPU
+    slowed it, and with it the start of the workers' processes)."""
     exp = checked(experiment)
     cfg = exp.cfg
     executor_cls = load_ref(EXECUTORS.get(cfg.ray.executor).cls)
     if data is not None:
-        given = data
-
-        def load() -> FederatedData:
-            if on_data is not None:
-                on_data(given)
-            return given
-
+        result: Callable[[], FederatedData] = lambda: data  # noqa: E731
     else:  # the files are found (a missing dataset refused) before the cluster starts
-        loading = DataLoad(cfg.data, cfg.clients, cfg.seed, on_data)
+        loading = DataLoad(cfg.data, cfg.clients, cfg.seed)
         if DATASETS.get(cfg.data.dataset).reads_files:
             loading.wait_found()
-        load = loading.result
+        result = loading.result
+
+    def load() -> FederatedData:
+        loaded = result()
+        if on_data is not None:
+            on_data(loaded)
+        return loaded
+
     executor: Executor = executor_cls.start(exp, load)
     return executor
 
@@ -200,7 +221,12 @@ def run_experiment(
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
     run_dir = default_run_dir(cfg)
-    executor = start(exp, data, picture_partition(cfg, run_dir))
+    picture = SideWork(picture_partition(cfg, run_dir))
+    try:
+        executor = start(exp, data, picture)
+    except BaseException:
+        picture.wait()
+        raise
     rows: list[dict[str, Any]] = list(resume.rows) if resume else []
     all_client_rows: list[dict[str, Any]] = list(resume.client_rows) if resume else []
     writers: list[Callback] = [TableWriter(rows, all_client_rows)]
@@ -269,6 +295,7 @@ def run_experiment(
         t_end = time.perf_counter()
         executor.shutdown()
         shutdown = time.perf_counter() - t_end
+        picture.wait()
     history = MetricHistory(rows)
     result = RunResult(
         run_dir=run_dir,

@@ -97,10 +97,10 @@ class TableWriter(BaseCallback):
 
 
 class TensorBoardWriter(BaseCallback):
-    """TensorBoard: the partition picture (``data/partition``) at the start; ``accuracy/*`` scalars
-    and per-client accuracy histograms at evaluated rounds (with ``eval.analyses``, ``analysis/*``
-    and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``, ``comm/*`` and ``algo/*`` scalars every
-    round. Under a simulated deployment (``deployment.*``) also ``deployment/*`` every round, and
+    """TensorBoard: the partition picture (``data/partition``, step 0) once it is drawn; ``accuracy/*``
+    scalars and per-client accuracy histograms at evaluated rounds (with ``eval.analyses``,
+    ``analysis/*`` and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``, ``comm/*`` and ``algo/*``
+    scalars every round. Under a simulated deployment (``deployment.*``) also ``deployment/*`` every round, and
     where its devices take time ``sim_time_ms/*``: the accuracies with the simulated milliseconds as
     their step, so that TensorBoard plots them against the simulated clock."""
 
@@ -108,6 +108,7 @@ class TensorBoardWriter(BaseCallback):
         self.writer: Any = None
         self.purge_step = purge_step
         self.deployed = self.timed = False
+        self.picture: Path | None = None  # the partition picture, until it is in TensorBoard
 
     def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
         from raysim.results.tensorboard import EventWriter
@@ -120,13 +121,21 @@ class TensorBoardWriter(BaseCallback):
         if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes
             self.writer.purge_from(self.purge_step)
         self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
-        picture = run_dir / "partition.png"  # raysim.results.partition_view, drawn as the data loaded
-        if picture.is_file():
+        self.picture = run_dir / "partition.png"
+        self._add_picture()
+
+    def _add_picture(self) -> None:
+        """The partition picture (:mod:`raysim.results.partition_view`), once it is there: the run
+        draws it beside its workers' start, written whole or not at all, so it is read at the start
+        or after a later round (or at the end, when it has been waited for)."""
+        if self.picture is not None and self.picture.is_file():
             from raysim.results.partition_view import read_picture
 
-            self.writer.add_image("data/partition", read_picture(picture), 0)
+            self.writer.add_image("data/partition", read_picture(self.picture), 0)
+            self.picture = None
 
     def on_round(self, stats: RoundStats, round_time: float) -> None:
+        self._add_picture()
         w, r = self.writer, stats.rnd
         w.add_scalar("train/loss", stats.train_loss, r)
         w.add_scalar("train/clients", stats.clients, r)
@@ -174,6 +183,7 @@ class TensorBoardWriter(BaseCallback):
         self.writer.add_image(tag, image, rnd)
 
     def on_end(self, summary: dict[str, Any]) -> None:
+        self._add_picture()
         self.writer.close()
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raysim.data.partition import label_entropy
+from raysim.files import replaced_atomically
 
 if TYPE_CHECKING:
     from raysim.data import FederatedData
@@ -138,7 +139,7 @@ def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "
         pen.text((bx + 21, y), str(v), fill="black", font=font, anchor="lm")
     upright("training samples", bx + 21 + int(font.getlength(str(vmax))) + 12)
     out = Path(path)
-    img.save(out)
+    img.save(out, format="PNG")
     return out
 
 
@@ -153,17 +154,20 @@ def describe(counts: np.ndarray, partition: str, dataset: str) -> str:
 
 
 def write_partition(data: FederatedData, picture: str | os.PathLike[str], partition: str, dataset: str) -> str:
-    """The picture at ``picture`` (a run's ``partition.png``) and the table beside it (``.parquet``);
-    returns the picture's title."""
+    """The picture at ``picture`` (a run's ``partition.png``) and the table beside it (``.parquet``),
+    each written whole or not at all (a run draws them beside its start, and its TensorBoard writer
+    reads the picture once it is there); returns the picture's title."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = Path(picture)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts = data.train_label_counts()
-    pq.write_table(pa.table(partition_table(data, counts)), out.with_suffix(".parquet"))
+    with replaced_atomically(out.with_suffix(".parquet")) as tmp:
+        pq.write_table(pa.table(partition_table(data, counts)), tmp)
     title = describe(counts, partition, dataset)
-    draw_counts(counts, out, title)
+    with replaced_atomically(out) as tmp:
+        draw_counts(counts, tmp, title)
     return title
 
 

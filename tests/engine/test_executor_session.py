@@ -35,6 +35,42 @@ def test_runs_inside_a_ray_session_started_elsewhere_and_leaves_it_running(tmp_p
 
 
 @pytest.mark.ray
+def test_a_runs_partition_picture_is_drawn_once_its_workers_actors_exist(tmp_path, ray_local, monkeypatch):
+    """Issue 29: the picture's CPU beside ``ray.init`` slowed Ray's start and so the workers'; it is
+    drawn once the executor asks for the data, after Ray is up and the workers' actors are created,
+    in a thread of its own that the run waits for before it ends."""
+    import threading
+
+    from raysim.engine import runner
+    from raysim.engine.executors import recovery
+
+    events: list[tuple[str, str]] = []
+    real_init = recovery.WorkerPool.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        events.append(("workers", threading.current_thread().name))
+
+    real_picture = runner.picture_partition
+
+    def picture(cfg, run_dir):
+        draw = real_picture(cfg, run_dir)
+
+        def drawn(data):
+            events.append(("picture", threading.current_thread().name))
+            draw(data)
+
+        return drawn
+
+    monkeypatch.setattr(recovery.WorkerPool, "__init__", init)
+    monkeypatch.setattr(runner, "picture_partition", picture)
+    result = run_experiment(tiny_config(tmp_path / "r", **{"ray.executor": "ray", "ray.workers": 1}))
+    assert [e for e, _ in events] == ["workers", "picture"], events
+    assert events[1][1] == "raysim-side" and events[0][1] != "raysim-side"
+    assert (result.run_dir / "partition.png").is_file() and (result.run_dir / "partition.parquet").is_file()
+
+
+@pytest.mark.ray
 def test_a_run_that_started_ray_stops_it(tmp_path):
     """...and every process of that Ray: its daemons, the workers, and the agents the raylet
     started (which outlive a raylet killed without its shutdown, unless raysim kills them too).

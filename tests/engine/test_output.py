@@ -69,6 +69,15 @@ def test_cli_run_writes_tables_tensorboard_and_json(tmp_path):
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4]
     hist = acc.Histograms("clients/gm_ptest")
     assert [h.step for h in hist] == [2, 4] and hist[-1].histogram_value.num == 6
+    # the partition picture, drawn beside the start, reaches TensorBoard once, as the file it wrote
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    [image] = acc.Images("data/partition")
+    with Image.open(io.BytesIO(image.encoded_image_string)) as logged, Image.open(out / "partition.png") as drawn:
+        assert image.step == 0 and np.array_equal(np.asarray(logged.convert("RGB")), np.asarray(drawn.convert("RGB")))
 
 
 @pytest.mark.parametrize("fast", ["1", "0"])

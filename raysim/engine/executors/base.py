@@ -11,7 +11,8 @@ from raysim.records import EvalReport, RoundStats, Snapshot
 if TYPE_CHECKING:
     from raysim.engine.experiment import Experiment
 
-#: loads and partitions the data (an executor may start its cluster meanwhile)
+#: the data, loaded and partitioned: the runner's loads in a thread of its own from before the executor
+#: starts, so an executor starts its cluster first and then asks (it also starts the run's side work)
 DataLoader = Callable[[], FederatedData]
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raysim.capabilities.batching import Batching
@@ -122,22 +121,20 @@ class RayExecutor:
     @classmethod
     def start(cls, experiment: Experiment, load_data: DataLoader) -> RayExecutor:
         """Start local Ray (or join the configured cluster, or use the Ray session already running
-        here) and the client workers' actors while the data loads in a thread (they are mostly
-        waiting, or in other processes), then set the actors up on the data. Where the data
-        fails, its error is the one raised."""
+        here) and the client workers' actors, then ask for the data (the runner's loads in a thread
+        of its own meanwhile) and set the actors up on it. Where the data fails, its error is the
+        one raised."""
         cfg = experiment.cfg
         started = False
         pool: WorkerPool | None = None
         try:
-            with ThreadPoolExecutor(1) as threads:
-                loading = threads.submit(load_data)
-                try:
-                    started = session.start_ray(cfg)
-                    workers = session.default_workers(cfg)
-                    session.check_resources(cfg, workers)
-                    pool = WorkerPool(cfg, workers)
-                finally:
-                    data = loading.result()
+            try:
+                started = session.start_ray(cfg)
+                workers = session.default_workers(cfg)
+                session.check_resources(cfg, workers)
+                pool = WorkerPool(cfg, workers)
+            finally:
+                data = load_data()
             return cls(experiment, data, workers, owns_ray=started, pool=pool)
         except BaseException:
             if started:
