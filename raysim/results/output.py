@@ -97,12 +97,13 @@ class TableWriter(BaseCallback):
 
 
 class TensorBoardWriter(BaseCallback):
-    """TensorBoard: the partition picture (``data/partition``, step 0) once it is drawn; ``accuracy/*``
-    scalars and per-client accuracy histograms at evaluated rounds (with ``eval.analyses``,
-    ``analysis/*`` and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``, ``comm/*`` and ``algo/*``
-    scalars every round. Under a simulated deployment (``deployment.*``) also ``deployment/*`` every round, and
-    where its devices take time ``sim_time_ms/*``: the accuracies with the simulated milliseconds as
-    their step, so that TensorBoard plots them against the simulated clock."""
+    """TensorBoard: the partition picture (``data/partition``, step 0) once it is drawn;
+    ``accuracy/*`` scalars and per-client accuracy histograms at evaluated rounds (with
+    ``eval.analyses``, ``analysis/*`` and ``classes/gm_acc/*`` too); ``train/*``, ``time/*``,
+    ``comm/*`` and ``algo/*`` scalars every round. Under a simulated deployment (``deployment.*``)
+    also ``deployment/*`` every round, and where its devices take time ``sim_time_ms/*``: the
+    accuracies with the simulated milliseconds as their step, so that TensorBoard plots them
+    against the simulated clock."""
 
     def __init__(self, purge_step: int | None = None) -> None:
         self.writer: Any = None

@@ -340,10 +340,10 @@ def prestart_workers(per_node: Mapping[str, int], keep_alive_s: float) -> int:
 
         asked = 0
         for node in ray.nodes():
-            # a raylet starts at most as many worker processes at once as it has CPUs; it drops the rest
-            count = min(per_node.get(node["NodeID"], 0), max(1, int(node["Resources"].get("CPU", 1))))
-            if not node["Alive"] or count < 1:
+            if not node.get("Alive") or per_node.get(node["NodeID"], 0) < 1:
                 continue
+            # a raylet starts at most as many worker processes at once as it has CPUs; it drops the rest
+            count = min(per_node[node["NodeID"]], max(1, int(node.get("Resources", {}).get("CPU", 1))))
             channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
             try:
                 node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
