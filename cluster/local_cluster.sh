@@ -43,13 +43,13 @@ PY=$(dirname "$RAY")/python
 [ -x "$PY" ] || PY=python3
 
 # Loopback only, no usage reporting, token authentication (Ray's default where ~/.ray/auth_token
-# exists; said explicitly so every client of this cluster agrees), Ray's workers at normal priority
-# (raysim's workers are the computation; see local_ray_environment in
-# raysim/engine/executors/session.py), and every worker process importing PyTorch as it starts: a
-# run leaves the next one worker processes started (ray.prestart_s), ready with PyTorch imported.
+# exists; said explicitly so every client of this cluster agrees), and Ray's workers at normal
+# priority (raysim's workers are the computation; see local_ray_environment in
+# raysim/engine/executors/session.py). For runs joined one after another with --address, start it
+# with RAY_preload_python_modules=torch in the environment (cluster/README.md, "Runs one after
+# another"); the nodes inherit it.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token} RAY_worker_niceness=${RAY_worker_niceness:-0}
-export RAY_preload_python_modules=${RAY_preload_python_modules-torch}
 unset RAY_ADDRESS
 # The nodes' processes inherit this PATH: a job's entrypoint `python ...` (ray job submit) must find
 # the Python of RAY's installation, where raysim, torch and ray are installed, not the system's.

@@ -25,9 +25,9 @@ Ray has it by default) and stops at the end, ``raysim_1w`` run against it with `
 (after one that is not counted: the head's first job starts its workers' processes cold, and each run
 leaves the next one processes started, ``ray.prestart_s``): ``--repeats`` runs each started as the
 last one ended, ``attached_startup_s``, then ``--repeats`` runs each started 5 s after the last one
-ended, on an idle head, ``attached_idle_startup_s``. Then the same against a head started as
-``cluster/`` starts its nodes, whose workers import PyTorch before they wait for work
-(``RAY_preload_python_modules=torch``): ``attached_preload_startup_s`` and
+ended, on an idle head, ``attached_idle_startup_s``. Then the same against a head started with
+``RAY_preload_python_modules=torch``, whose workers import PyTorch before they wait for work (as
+``cluster/README.md`` advises for runs joined one after another): ``attached_preload_startup_s`` and
 ``attached_preload_idle_startup_s``. The local runs' start-up is ``raysim_1w_startup_s``.
 Memory is measured in one more run of each program, apart from the timed ones (reading every
 process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
@@ -93,8 +93,8 @@ def measure(cmd: list[str], sample_memory: bool, extra_env: dict[str, str] | Non
     return out
 
 
-#: how ``cluster/`` starts a node for raysim (beside RAY_worker_niceness=0, which changes the rounds,
-#: not the start): the worker processes that a run leaves started for the next one import PyTorch
+#: a node for runs joined one after another (cluster/README.md): the worker processes that a run
+#: leaves started for the next one import PyTorch while they wait
 PRELOAD_ENV = {"RAY_preload_python_modules": "torch"}
 
 

@@ -327,7 +327,7 @@ def prestart_workers(per_node: Mapping[str, int], keep_alive_s: float) -> int:
     ``PrestartWorkers`` call without a job id; ``RAY_enable_worker_prestart`` starts a node's first
     ones this way) is taken by the next job whose actor asks for a worker with its runtime
     environment: none, so only a job without one asks here. A raylet started with
-    ``RAY_preload_python_modules=torch`` (as ``cluster/`` starts them) has such a process import
+    ``RAY_preload_python_modules=torch`` (``cluster/README.md``: for runs joined one after another) has such a process import
     PyTorch before it waits for work. Past ``keep_alive_s``, Ray's own rule applies to them as to
     any idle worker: a node keeps at most as many idle workers as it has CPUs."""
     import ray
