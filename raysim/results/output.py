@@ -122,7 +122,9 @@ class TensorBoardWriter(BaseCallback):
         if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes
             self.writer.purge_from(self.purge_step)
         self.writer.add_text("config", "```\n" + (run_dir / "config.yaml").read_text() + "\n```", 0)
-        self.picture = run_dir / "partition.png"
+        from raysim.results.partition_view import PICTURE
+
+        self.picture = run_dir / PICTURE
         self._add_picture()
 
     def _add_picture(self) -> None:

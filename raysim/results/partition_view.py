@@ -1,12 +1,12 @@
 """The data picture (issue 17): how a partition spreads the labels over the clients.
 
-Every run writes, before its first round, ``partition.png`` (each client's training-label counts as a
+Every run writes, as it starts, ``partition.png`` (each client's training-label counts as a
 heat map: a column per client, a row per class) and ``partition.parquet`` (a row per client: its
 training, validation and local-test sizes, how many classes it holds, the entropy of its labels in
 nats, and its count of every class), and TensorBoard shows the picture under ``data/partition``.
 ``raysim partition --dataset fmnist --partition dirichlet:0.1 --clients 100`` draws it without running
-anything (:mod:`raysim.commands.partition`). Pillow draws it, cheaply, in the thread that loads the data
-while Ray starts.
+anything (:mod:`raysim.commands.partition`). Pillow draws it, cheaply, in a thread of its own once the
+run's workers are starting (``SideWork`` in :mod:`raysim.engine.runner`).
 """
 
 from __future__ import annotations

@@ -222,9 +222,7 @@ def _helpers_yield(keep_runtime_env_agent: bool = False) -> None:
     autoscaler monitor, and its raylet's agents), so that the run's workers come first on its
     cores; the runtime environment agent too unless ``keep_runtime_env_agent``. The GCS and the
     raylet keep theirs. Nothing without psutil, or for a Ray this process joined."""
-    import ray
-
-    node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+    node = _global_node()
     names = DASHBOARD_AGENT if keep_runtime_env_agent else DASHBOARD_AGENT + RUNTIME_ENV_AGENT
     helpers = []
     for kind, proc in _daemons(node):
@@ -305,11 +303,16 @@ def _when_registered(get_node: Any, timeout_s: float = 30.0, every_s: float = 0.
     return get_node_when_registered
 
 
-def joined_cluster() -> bool:
-    """Whether this process is connected to a Ray that it did not start (a cluster it joined)."""
+def _global_node() -> Any:
+    """Ray's node object of this process's Ray session (None when Ray is not initialised)."""
     import ray
 
-    node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+    return getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+
+
+def joined_cluster() -> bool:
+    """Whether this process is connected to a Ray that it did not start (a cluster it joined)."""
+    node = _global_node()
     return node is not None and not getattr(node, "all_processes", None)
 
 
@@ -327,8 +330,8 @@ def prestart_workers(per_node: Mapping[str, int], keep_alive_s: float) -> int:
     ``PrestartWorkers`` call without a job id; ``RAY_enable_worker_prestart`` starts a node's first
     ones this way) is taken by the next job whose actor asks for a worker with its runtime
     environment: none, so only a job without one asks here. A raylet started with
-    ``RAY_preload_python_modules=torch`` (``cluster/README.md``: for runs joined one after another) has such a process import
-    PyTorch before it waits for work. Past ``keep_alive_s``, Ray's own rule applies to them as to
+    ``RAY_preload_python_modules=torch`` (``cluster/README.md``: for runs joined one after another)
+    has such a process import PyTorch before it waits for work. Past ``keep_alive_s``, Ray's own rule applies to them as to
     any idle worker: a node keeps at most as many idle workers as it has CPUs."""
     import ray
 
@@ -418,7 +421,7 @@ def stop_ray() -> None:
     """
     import ray
 
-    node = getattr(ray._private.worker, "_global_node", None) if ray.is_initialized() else None
+    node = _global_node()
     kill = getattr(node, "kill_all_processes", None)
     family: list[Any] = []
     daemons: list[Any] = []
@@ -432,7 +435,7 @@ def stop_ray() -> None:
         def without_grace(**kwargs: Any) -> Any:
             return kill(**{**kwargs, "allow_graceful": False})
 
-        node.kill_all_processes = without_grace  # type: ignore[union-attr]
+        node.kill_all_processes = without_grace
     if ray.is_initialized():
         ray.shutdown()
     for proc in family:
