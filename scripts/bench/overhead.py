@@ -10,6 +10,13 @@ Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 cl
   raysim's overhead over the same arithmetic;
 - ``plain_pytorch_defaults``: the same loop as one writes it, NCHW and glibc's allocator defaults
   (raysim's before issue 29), for ``ratio_1w_vs_pytorch_defaults`` and ``ratio_2w_vs_pytorch_defaults``;
+- ``floor``: as many one-thread ``plain`` loops at once as there are cores, each the whole
+  workload; their mean rounds time over their count is the time of the workload's steps split
+  evenly over one-thread jobs, one per core, with nothing else to do: the floor of raysim's rounds
+  on this machine (its job slots and its one-core workers are such jobs), whatever its overhead.
+  ``floor_1w`` is that time over the plain loop's: the lowest ``ratio_1w`` and ``ratio_2w`` this
+  machine allows, which is the two-thread plain loop's own inefficiency; ``ratio_1w_over_floor``
+  and ``ratio_2w_over_floor`` are raysim's rounds over it (its overhead and its rounds' imbalance);
 - ``raysim_1w``: ``scripts/run.py`` on local Ray, 1 client worker using every core (by default one
   job slot per core, each job on one thread: ``raysim.engine.executors.slots``);
 - ``raysim_2w``: ``scripts/run.py`` on local Ray, 2 client workers with one core each;
@@ -33,7 +40,8 @@ Memory is measured in one more run of each program, apart from the timed ones (r
 process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
 size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
 daemons and workers included, sampled every 0.2 s. The last line is one JSON object with the medians and the ratios ``ratio_1w``,
-``ratio_2w``, ``ratio_2w_batched`` and ``ratio`` (the best of them), rounds time over the plain loop's.
+``ratio_2w``, ``ratio_2w_batched`` and ``ratio`` (the best of them), rounds time over the plain loop's,
+and ``floor_rounds_s``, ``floor_1w``, ``ratio_1w_over_floor`` and ``ratio_2w_over_floor``.
 """
 
 from __future__ import annotations
@@ -58,13 +66,29 @@ WORKLOAD = dict(
 )
 
 
-def plain_loop(channels_last: bool = True) -> None:
-    """The baseline, run in a child process: FedAvg as a plain PyTorch loop (:mod:`plain`)."""
+def plain_loop(channels_last: bool = True, threads: int | None = None) -> None:
+    """The baseline, run in a child process: FedAvg as a plain PyTorch loop (:mod:`plain`) on
+    ``threads`` intra-op threads (default every core)."""
     t_start = time.perf_counter()
     from plain import plain_fedavg
 
-    w = {**WORKLOAD, "model": "cnn3p2_fmnist", "channels_last": channels_last}
+    w = {**WORKLOAD, "model": "cnn3p2_fmnist", "channels_last": channels_last, "threads": threads}
     print(json.dumps(plain_fedavg(w, t_start)), flush=True)
+
+
+def plain_floor(copies: int) -> None:
+    """The ``floor`` program, run in a child process: ``copies`` one-thread plain loops started at
+    once, each in its own process; prints their mean rounds time over ``copies``."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--plain-child", "--threads", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"a one-thread plain loop failed (exit codes {[p.returncode for p in procs]})")
+    runs = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    rounds = statistics.mean(r["rounds_s"] for r in runs) / copies
+    print(json.dumps({"rounds_s": rounds, "gm_gtest": runs[0]["gm_gtest"]}), flush=True)
 
 
 def raysim_cmd(workers: int, out: str, batch_clients: int = 1) -> list[str]:
@@ -163,9 +187,14 @@ def main() -> None:
     parser.add_argument("--no-attached", dest="attached", action="store_false", help="skip the attached start-up")
     parser.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nchw", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--plain-floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
-        plain_loop(channels_last=not args.nchw)
+        plain_loop(channels_last=not args.nchw, threads=args.threads)
+        return
+    if args.plain_floor:
+        plain_floor(os.cpu_count() or 1)
         return
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, not {args.repeats}")
@@ -177,6 +206,7 @@ def main() -> None:
         "raysim_2w": lambda out: raysim_cmd(2, out),
         "raysim_2w_batched": lambda out: raysim_cmd(2, out, args.batch_clients),
         "plain_pytorch_defaults": lambda out: [sys.executable, __file__, "--plain-child", "--nchw"],
+        "floor": lambda out: [sys.executable, __file__, "--plain-floor"],
     }
     envs = {"plain_pytorch_defaults": {"RAYSIM_KEEP_FREED_MEMORY": "0"}}  # glibc's own thresholds
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in programs}
@@ -186,7 +216,7 @@ def main() -> None:
             peaks[name] = measure(cmd(str(Path(tmp) / f"{name}-mem")), True, envs.get(name))["peak_mb"]
             print(f"{name:10s} memory run: peak PSS of the process tree {peaks[name]:7.0f} MB", flush=True)
         for i in range(args.repeats):
-            for name, cmd in programs.items():  # interleaved, so drift in the machine hits all three
+            for name, cmd in programs.items():  # interleaved, so drift in the machine hits them all
                 r = measure(cmd(str(Path(tmp) / f"{name}-{i}")), False, envs.get(name))
                 runs[name].append(r)
                 print(
@@ -224,6 +254,12 @@ def main() -> None:
     result["plain_pytorch_defaults_rounds_s"] = round(defaults["rounds_s"], 3)
     for w in ("1w", "2w"):
         result[f"ratio_{w}_vs_pytorch_defaults"] = round(med[f"raysim_{w}"]["rounds_s"] / defaults["rounds_s"], 3)
+    # the floor: the steps split evenly over one-thread jobs, one per core, and nothing else
+    floor = med["floor"]["rounds_s"]
+    result["floor_rounds_s"] = round(floor, 3)
+    result["floor_1w"] = round(floor / plain["rounds_s"], 3)
+    for w in ("1w", "2w"):
+        result[f"ratio_{w}_over_floor"] = round(med[f"raysim_{w}"]["rounds_s"] / floor, 3)
     result["gm_gtest"] = {name: round(m["gm_gtest"], 4) for name, m in med.items()}
     if attached and preloaded:
         for key, (back_to_back, idle) in (("attached", attached), ("attached_preload", preloaded)):

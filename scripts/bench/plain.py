@@ -19,7 +19,8 @@ from typing import Any
 
 def plain_fedavg(w: Mapping[str, Any], t_start: float) -> dict[str, float]:
     """Run FedAvg on workload ``w`` (keys: model, clients, per_round, rounds, epochs, batch, lr, seed,
-    partition, and ``channels_last``, default True as raysim's); returns ``rounds_s`` (the rounds alone), ``gm_gtest`` and ``in_process_s`` (since
+    partition, ``channels_last``, default True as raysim's, and ``threads``, intra-op threads,
+    default every core); returns ``rounds_s`` (the rounds alone), ``gm_gtest`` and ``in_process_s`` (since
     ``t_start``, the child's first line)."""
     import torch
     import torch.nn.functional as F
@@ -34,7 +35,7 @@ def plain_fedavg(w: Mapping[str, Any], t_start: float) -> dict[str, float]:
     # setting, not a step; raysim.toolkit.allocator), so that the ratios measure raysim's overhead
     keep_freed_memory()
     seed, batch = int(w["seed"]), int(w["batch"])
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(int(w.get("threads") or os.cpu_count() or 1))
     data = build_federated_data(DataConfig(dataset="fmnist", partition=str(w["partition"])), int(w["clients"]), seed)
     y_all = torch.from_numpy(data.train.y)
     model = build_model(str(w.get("model", "cnn3p2_fmnist")), data.train.input_shape, data.num_classes,
