@@ -36,8 +36,9 @@ ended, on an idle head, ``attached_idle_startup_s``. Then the same against a hea
 ``RAY_preload_python_modules=torch``, whose workers import PyTorch before they wait for work (as
 ``cluster/README.md`` advises for runs joined one after another): ``attached_preload_startup_s`` and
 ``attached_preload_idle_startup_s``. The local runs' start-up is ``raysim_1w_startup_s``.
-Memory is measured in one more run of each program, apart from the timed ones (reading every
-process's memory map costs CPU that would otherwise slow the timed runs): the peak proportional set
+Memory is measured in one more run of each program but ``floor`` (a bound, whose processes' memory
+is no run's), apart from the timed ones (reading every process's memory map costs CPU that would
+otherwise slow the timed runs): the peak proportional set
 size (PSS, shared pages split between the processes that map them) of the whole process tree, Ray's
 daemons and workers included, sampled every 0.2 s. The last line is one JSON object with the medians and the ratios ``ratio_1w``,
 ``ratio_2w``, ``ratio_2w_batched`` and ``ratio`` (the best of them), rounds time over the plain loop's,
@@ -190,6 +191,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--plain-floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, not {args.threads}")
     if args.plain_child:
         plain_loop(channels_last=not args.nchw, threads=args.threads)
         return
@@ -213,6 +216,8 @@ def main() -> None:
     peaks: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, cmd in programs.items():
+            if name == "floor":  # a bound on the rounds' time: its processes' memory is nobody's
+                continue
             peaks[name] = measure(cmd(str(Path(tmp) / f"{name}-mem")), True, envs.get(name))["peak_mb"]
             print(f"{name:10s} memory run: peak PSS of the process tree {peaks[name]:7.0f} MB", flush=True)
         for i in range(args.repeats):
@@ -226,7 +231,7 @@ def main() -> None:
         attached = attached_startups(args.repeats, tmp) if args.attached else None
         preloaded = attached_startups(args.repeats, tmp, preload=True) if args.attached else None
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
-    for name in med:
+    for name in peaks:
         med[name]["peak_mb"] = peaks[name]
     plain = med["plain"]
     result = {
