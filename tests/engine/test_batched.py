@@ -15,10 +15,20 @@ from raysim.errors import ConfigError
 from raysim.wire import Job
 from tests.conftest import tiny_config, without_times
 
-#: one-by-one against batched: trained weights after one job to this (float32 kernels summing in
-#: another order), and each evaluated accuracy after a few rounds to this
-WEIGHT_TOL = 1e-5
+#: One-by-one against batched training: the kernels of a vmapped step sum in another order than a
+#: single client's. Each bound was measured across six kernel choices on a 2-core AMD EPYC (Zen 4):
+#: ATEN_CPU_CAPABILITY default, avx2 and avx512, oneDNN on and off, MKL_CBWR AVX2 and COMPATIBLE, and
+#: the processor's own choice. Trained weights after one job: at most 3.0e-8 apart, bound 1e-6.
+#: After three rounds (test_batched_runs_agree_with_one_by_one_within_the_tolerance), each evaluated
+#: accuracy at most 0.010 apart and the train loss 2.7e-4 of it, bounds 0.02 and 1e-3; except where
+#: Fed3+2p's phase-1 chains train one model through every client of a chain, a path as many times
+#: longer as the chain has clients, along which the first step's rounding grows (1.4e-4 of the loss after round 1 with
+#: vectorised kernels, 2e-9 with scalar ones): 0.037 and 3.8e-3 apart, bounds 0.075 and 1e-2.
+WEIGHT_TOL = 1e-6
 ACCURACY_TOL = 0.02
+LOSS_RTOL = 1e-3
+CHAIN_ACCURACY_TOL = 0.075
+CHAIN_LOSS_RTOL = 1e-2
 CNN = {"model": "cnn3p2_fmnist", "data.synthetic.shape": (1, 16, 16), "data.synthetic.separation": 1.0}
 
 
@@ -172,12 +182,14 @@ def test_batched_runs_agree_with_one_by_one_within_the_tolerance(tmp_path, case)
     }  # fmt: skip
     one = run_experiment(tiny_config(tmp_path / "one", **setup))
     many = run_experiment(tiny_config(tmp_path / "many", **setup, **{"train.batch_clients": 4}))
+    chains = case in ("fed3p2", "fed3p2-personal-filters")  # phase 1's chains of many steps
+    acc_tol, loss_rtol = (CHAIN_ACCURACY_TOL, CHAIN_LOSS_RTOL) if chains else (ACCURACY_TOL, LOSS_RTOL)
     for a, b in zip(one.rows, many.rows, strict=True):
         assert b["samples_trained"] == a["samples_trained"] and b["client_epochs"] == a["client_epochs"]
         for m in ("gm_gtest", "lm_ptest"):
             if a[m] is not None:
-                assert b[m] == pytest.approx(a[m], abs=ACCURACY_TOL), m
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+                assert b[m] == pytest.approx(a[m], abs=acc_tol), m
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=loss_rtol)
     assert many.rows[-1]["train_loss"] < many.rows[0]["train_loss"]  # it learns
 
 
