@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -42,6 +43,10 @@ def load_ref(ref: Ref) -> Any:
     return obj
 
 
+#: one lock for every registry's plugin import (a module-level object, so a registry stays picklable)
+_PLUGINS_LOCK = threading.RLock()
+
+
 class Registry(Generic[T]):
     """Names to entries of one kind. ``plugins`` are modules imported, once, before the registry
     is first read: they register their entries as they are imported."""
@@ -51,6 +56,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._plugins = tuple(plugins)
         self._loaded = not self._plugins
+        self._loading = False
 
     def register(self, name: str, entry: T) -> T:
         if name in self._entries:
@@ -61,10 +67,21 @@ class Registry(Generic[T]):
         return entry
 
     def _load_plugins(self) -> None:
-        if not self._loaded:
-            self._loaded = True
-            for module in self._plugins:
-                importlib.import_module(module)
+        """Import the plugins once. Another thread reading the registry meanwhile (runs started in
+        threads of one process) waits for them; a read from within their import (this thread)
+        sees what is registered so far."""
+        if self._loaded:
+            return
+        with _PLUGINS_LOCK:
+            if self._loaded or self._loading:
+                return
+            self._loading = True
+            try:
+                for module in self._plugins:
+                    importlib.import_module(module)
+            finally:
+                self._loading = False
+                self._loaded = True
 
     def get(self, name: str) -> T:
         """The entry ``name``; ConfigError with the known names if there is none."""

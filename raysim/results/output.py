@@ -9,6 +9,7 @@ the algorithm's own scalars).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
@@ -50,10 +51,27 @@ class BaseCallback:
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
+    """``output.out`` where it is set (the user's own folder, or a resumed run's); otherwise a new
+    directory ``runs/<algo>-<dataset>-<time>``, claimed by :func:`claim_run_dir`."""
     if cfg.output.out:
         return Path(cfg.output.out)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.algo}-{cfg.data.dataset}-{stamp}"
+    return claim_run_dir(Path("runs"), f"{cfg.algo}-{cfg.data.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def claim_run_dir(parent: Path, name: str) -> Path:
+    """Make and return ``parent/name``, or ``parent/name-2``, ``-3``, ... where it exists: a run
+    started in the same second as another, from this process, another one, or another machine
+    sharing the folder, gets a directory of its own. Creating a directory is atomic on a local
+    file system and on NFS, so of two runs that try one name, exactly one gets it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 class TableWriter(BaseCallback):

@@ -98,3 +98,51 @@ def test_a_command_ends_at_once_with_its_output_flushed(fast):
     assert proc.returncode == 3
     assert proc.stdout == ("buffered" if fast == "1" else "bufferedteardown\n")
     assert proc.stderr.strip() == "logged"
+
+
+def test_runs_started_in_one_second_each_get_a_directory_of_their_own(tmp_path, monkeypatch):
+    """Four runs at once, in threads of one process, with the clock stopped on one second: each
+    writes its own directory, and each directory holds that run's config, tables and summary."""
+    import threading
+    import time
+
+    from raysim.engine.runner import run_experiment
+    from tests.conftest import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")
+    results: dict[int, object] = {}
+
+    def one(seed: int) -> None:
+        results[seed] = run_experiment(tiny_config(None, seed=seed, rounds=1))
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    stem = "fedavg-synthetic-20260101-000000"
+    assert dirs == [stem, f"{stem}-2", f"{stem}-3", f"{stem}-4"]
+    assert sorted(str(r.run_dir) for r in results.values()) == [f"runs/{d}" for d in dirs]
+    for seed, r in results.items():
+        assert yaml.safe_load((r.run_dir / "config.yaml").read_text())["seed"] == seed
+        summary = json.loads((r.run_dir / "summary.json").read_text())
+        assert summary["run_dir"] == str(r.run_dir)
+        rows = pq.read_table(r.run_dir / "metrics.parquet").to_pylist()
+        assert [row["train_loss"] for row in rows] == [row["train_loss"] for row in r.rows]
+
+
+def _claim(args: tuple[str, str]) -> str:
+    from raysim.results.output import claim_run_dir
+
+    return str(claim_run_dir(Path(args[0]), args[1]))
+
+
+def test_processes_claiming_one_name_at_once_get_one_directory_each(tmp_path):
+    """The claim across processes (as on machines sharing a folder): eight at once, eight names."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        got = pool.map(_claim, [(str(tmp_path), "run")] * 8)
+    assert sorted(got) == sorted(str(tmp_path / n) for n in ["run", *(f"run-{i}" for i in range(2, 9))])
