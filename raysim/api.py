@@ -195,8 +195,9 @@ def sweep(
     """Run a suite (a suite file's configurations x seeds, on Ray Tune) as ``scripts/sweep.py``
     does: ``flags`` and ``set`` override every trial's settings (a list value is a grid over its
     values, a tuple one value, e.g. a shape; a text such as ``"loguniform(1e-3, 0.1)"`` a range for
-    ``search``); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``; ``search``, ``samples``, ``scheduler``,
-    ``metric`` and ``mode`` as the command's flags."""
+    ``search``); ``seeds`` e.g. ``"0-2"`` or ``[0, 1]``; ``search``, ``samples``, ``scheduler``
+    (with or without a search: e.g. ``"asha"`` stops the grid's trials early), ``metric`` and
+    ``mode`` as the command's flags."""
     from raysim.suite import RANGE, default_suite_dir, run_suite, setting_key, suite_of
 
     keys = flag_keys()
@@ -219,7 +220,7 @@ def sweep(
     built = suite_of(
         Path(suite) if suite is not None else None, base=base, grid=grid, space=space, seeds=seeds,
         name=name, search=search, samples=4 if samples is None else samples, scheduler=scheduler,
-        metric=metric or "gm_gtest", mode=mode or "max",
+        metric=metric, mode=mode,
     )  # fmt: skip
     suite_dir = Path(out) if out is not None else default_suite_dir(built)
     summary = run_suite(built, suite_dir, progress=progress, max_concurrent=max_concurrent)

@@ -4,6 +4,7 @@
     python scripts/sweep.py --algo fedavg,fed3p2 --seeds 0-4 --set algo.num_type_a=3,5,10 --rounds 50
     python scripts/sweep.py --algo fedavg --set "train.lr=loguniform(0.001,0.1)" --search random \\
         --samples 8 --scheduler asha --metric gm_gtest
+    python scripts/sweep.py suites/feddrplus_table1.yaml --scheduler asha --metric gm_gtest
     python scripts/sweep.py --resume runs/suite-fed3p2_table1-20261122-120000
 
 Settings are run.py's flags and ``--set KEY=VALUE``; a flag or setting with values separated by
@@ -45,9 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the suite directory (default runs/suite-NAME-TIME)")
     p.add_argument("--search", help="a Tune search algorithm for the ranges given (random, optuna, ...)")
     p.add_argument("--samples", type=int, default=4, help="with --search: samples of the ranges (default 4)")
-    p.add_argument("--scheduler", help="a Tune trial scheduler, e.g. asha (early stopping on --metric)")
-    p.add_argument("--metric", default="gm_gtest", help="what --search and --scheduler optimise")
-    p.add_argument("--mode", default="max", choices=("max", "min"))
+    p.add_argument(
+        "--scheduler",
+        help="a Tune trial scheduler, e.g. asha: early stopping on --metric, of the search's trials or, "
+        "without --search, of the grid's and seeds'",
+    )
+    p.add_argument("--metric", help="what --search and --scheduler optimise (default gm_gtest)")
+    p.add_argument("--mode", choices=("max", "min"), help="--metric's better direction (default max)")
     p.add_argument("--driver-cpus", type=float, help="CPUs reserved for each trial's driver and server (default 0)")
     p.add_argument("--max-concurrent", type=int, help="trials at once at most (default: as many as fit)")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
@@ -76,6 +81,12 @@ def suite_from_args(argv: Sequence[str]) -> tuple[Any, Path | None, argparse.Nam
     argv = argv[: argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args([*argv, *extra])
     if args.resume:
+        given = [f for f in ("search", "scheduler", "metric", "mode") if getattr(args, f) is not None]
+        if given:
+            raise ConfigError(
+                f"--resume finishes a suite as it was begun, so it takes no --{given[0]} "
+                "(the suite's own is in its suite.yaml)."
+            )
         suite_dir = Path(args.resume)
         if not (suite_dir / "suite.yaml").is_file():
             raise ConfigError(f"{suite_dir} is not a suite directory (it has no suite.yaml).")

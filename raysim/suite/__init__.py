@@ -1,11 +1,12 @@
 """Suites: a whole table (configurations x seeds) as one command, on Ray Tune.
 
 A :class:`Suite` is a list of named configurations (a paper table's rows), optionally crossed with a
-grid of settings, times seeds; or a search over ranges of settings (any Tune search algorithm and
-scheduler). :func:`run_suite` runs every trial on one Ray cluster with Ray Tune: each trial is one
-raysim experiment inside its own placement group (a head bundle for the trial's driver and server,
-one bundle per client worker with the run's CPU and GPU shares), so trials queue when the cluster is
-full instead of oversubscribing it. A trial runs :func:`raysim.engine.runner.run_experiment` exactly as
+grid of settings, times seeds; or a search over ranges of settings (any Tune search algorithm); with
+or without a search, a Tune scheduler (e.g. ASHA) may stop its trials early. :func:`run_suite` runs
+every trial on one Ray cluster with Ray Tune: each trial is one raysim experiment inside its own
+placement group (a head bundle for the trial's driver and server, one bundle per client worker with
+the run's CPU and GPU shares), so trials queue when the cluster is full instead of oversubscribing
+it. A trial runs :func:`raysim.engine.runner.run_experiment` exactly as
 ``scripts/run.py`` would, with the same settings, so its numbers are that run's.
 
 The suite directory holds ``suite.yaml`` (the suite), ``runs/<trial>/`` (each trial's run
@@ -34,6 +35,7 @@ from raysim.suite.spec import (
     SUITE_FILE,
     TRIAL_FILE,
     UNSCHEDULABLE,
+    SchedulerSpec,
     SearchSpec,
     Suite,
     SuiteConfig,
@@ -61,6 +63,7 @@ __all__ = [
     "SUITE_FILE",
     "TRIAL_FILE",
     "UNSCHEDULABLE",
+    "SchedulerSpec",
     "SearchSpec",
     "Suite",
     "SuiteConfig",

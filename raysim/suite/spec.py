@@ -1,6 +1,7 @@
-"""A suite's specification: its configurations, grid, seeds and search, read from a file or made
-from flags, and checked before any work (every trial's config, each searched setting at the ends of
-its range, the search algorithm, scheduler and metric); its trials and their experiments."""
+"""A suite's specification: its configurations, grid, seeds, search and scheduler, read from a file
+or made from flags, and checked before any work (every trial's config, each searched setting at the
+ends of its range, the search algorithm, the scheduler and the metric, which every trial must
+report); its trials and their experiments."""
 
 from __future__ import annotations
 
@@ -89,12 +90,24 @@ class SearchSpec:
 
 
 @dataclass(frozen=True)
+class SchedulerSpec:
+    """A Tune trial scheduler over a suite's grid and seeds (no search): e.g. ASHA, stopping the
+    trials that trail the others on ``metric`` (in ``mode``) at its rungs."""
+
+    name: str  # any of Tune's create_scheduler names, or "asha"
+    metric: str = "gm_gtest"
+    mode: str = "max"
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     base: Mapping[str, Any]  # dotted settings of every trial
     configs: tuple[SuiteConfig, ...]
     seeds: tuple[int, ...] = (0,)
     search: SearchSpec | None = None
+    #: a scheduler over the trials of a suite without a search (a search has its own)
+    scheduler: SchedulerSpec | None = None
     #: CPUs reserved for a trial's driver and server (the head bundle); 0: none, as a run.py driver
     driver_cpus: float = 0.0
     description: str = ""
@@ -213,9 +226,13 @@ def _safe(name: str) -> str:
 def load_suite(path: str | Path) -> Suite:
     """A suite from its YAML (or TOML/JSON) file: ``name``, ``description``, ``base`` (settings
     of every trial), ``configs`` (a list of ``{name, set, paper}``), ``grid`` (settings to cross
-    every configuration with), ``seeds``, ``search`` and ``driver_cpus``."""
+    every configuration with), ``seeds``, ``search``, ``scheduler`` (for a suite without a search:
+    a name, or ``{name, metric, mode}``) and ``driver_cpus``."""
     data = load_config_file(path)
-    known = {"name", "description", "base", "configs", "grid", "seeds", "search", "driver_cpus", "equal_compute"}
+    known = {
+        "name", "description", "base", "configs", "grid", "seeds", "search", "scheduler", "driver_cpus",
+        "equal_compute",
+    }  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"Unknown suite entry {unknown[0]!r} in {path} (known: {', '.join(sorted(known))}).")
@@ -233,6 +250,9 @@ def load_suite(path: str | Path) -> Suite:
         )
     grid = {k: _as_list(v) for k, v in dotted(data.get("grid"), "grid").items()}
     search = data.get("search")
+    scheduler = data.get("scheduler")
+    if search and scheduler is not None:
+        raise ConfigError(f"{path} has a search: give its scheduler under search (search.scheduler), not beside it.")
     pair = data.get("equal_compute")
     if pair is not None and (not isinstance(pair, Mapping) or "name" not in pair):
         raise ConfigError(f"equal_compute in {path} is a configuration: a name and its settings under 'set'.")
@@ -243,6 +263,7 @@ def load_suite(path: str | Path) -> Suite:
         grid=grid,
         seeds=parse_seeds(data.get("seeds", 0)),
         search=_search(search) if search else None,
+        scheduler=_scheduler(scheduler, path) if scheduler is not None else None,
         driver_cpus=float(data.get("driver_cpus", 0.0)),
         description=str(data.get("description", "")),
         equal_compute=SuiteConfig(_safe(str(pair["name"])), dotted(pair.get("set"), "equal_compute.set"))
@@ -269,6 +290,18 @@ def _search(data: Mapping[str, Any]) -> SearchSpec:
     )
 
 
+def _scheduler(data: Any, path: str | Path) -> SchedulerSpec:
+    """A suite file's ``scheduler``: its name, or a table of its name, metric and mode."""
+    if isinstance(data, str):
+        return SchedulerSpec(data)
+    fields = ("name", "metric", "mode")
+    if not isinstance(data, Mapping) or "name" not in data or set(data) - set(fields):
+        raise ConfigError(
+            f"The scheduler in {path} is a name (e.g. asha) or a table of name, metric and mode, not {data!r}."
+        )
+    return SchedulerSpec(**{k: str(data[k]) for k in fields if k in data})
+
+
 def make_suite(
     name: str,
     base: Mapping[str, Any],
@@ -279,8 +312,10 @@ def make_suite(
     driver_cpus: float = 0.0,
     description: str = "",
     equal_compute: SuiteConfig | None = None,
+    scheduler: SchedulerSpec | None = None,
 ) -> Suite:
-    """The suite, checked: every trial's config validates (as run.py's would) before any work."""
+    """The suite, checked: every trial's config validates (as run.py's would) before any work, and
+    so do the search or scheduler and the metric they optimise, which every trial must report."""
     if not configs and not grid:  # one configuration: the base settings alone
         configs = [SuiteConfig(_safe(str(base.get("algo", "fedavg"))))]
     suite = Suite(
@@ -289,6 +324,7 @@ def make_suite(
         configs=expand_grid(configs, grid, str(base.get("algo", "fedavg"))),
         seeds=tuple(seeds),
         search=search,
+        scheduler=scheduler,
         driver_cpus=driver_cpus,
         description=description,
         equal_compute=equal_compute,
@@ -300,12 +336,19 @@ def make_suite(
         raise ConfigError(f"The suite {name} names two configurations alike: {sorted(names)}.")
     if driver_cpus < 0:
         raise ConfigError(f"driver_cpus must be at least 0, not {driver_cpus}.")
+    if search is not None and scheduler is not None:
+        raise ConfigError(f"The suite {name} searches: its scheduler is the search's (search.scheduler), not its own.")
     if search is not None:
         _check_search(search)
+    if scheduler is not None:
+        _check_objective(scheduler.metric, scheduler.mode, "schedule")
+        _check_scheduler(scheduler.name, None)
     for trial in trials(suite):
         trial_experiment(trial, Path("."))  # every trial validates now, not after hours of others
     if search is not None:
         _check_sampled(suite)
+    if scheduler is not None:
+        _check_reported(suite, scheduler.metric, "schedule")
     if equal_compute is not None:
         pair = {**base_for(suite.base, equal_compute.settings), **equal_compute.settings}
         trial_experiment(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
@@ -323,22 +366,42 @@ def suite_of(
     search: str | None = None,
     samples: int = 4,
     scheduler: str | None = None,
-    metric: str = "gm_gtest",
-    mode: str = "max",
+    metric: str | None = None,
+    mode: str | None = None,
     driver_cpus: float | None = None,
 ) -> Suite:
     """The suite a suite file (or none) with these settings over every trial gives, checked: what
     ``scripts/sweep.py`` and ``raysim.sweep`` both build. ``base``: one value per dotted setting;
     ``grid``: several, each a configuration; ``space``: a range per setting, sampled by the
-    ``search`` algorithm (``samples`` times, under ``scheduler``, optimising ``metric`` in
-    ``mode``). The file's settings go beneath these."""
+    ``search`` algorithm (``samples`` times). ``scheduler`` (e.g. asha) stops trials early, the
+    search's or, without one, the grid's and seeds', optimising ``metric`` (default gm_gtest) in
+    ``mode`` (default max). The file's settings, its search and scheduler too, go beneath these."""
     base, grid, space = dict(base or {}), dict(grid or {}), dict(space or {})
     if space and not search:
         raise ConfigError(f"{next(iter(space))} is given a range; name a search with --search (e.g. random).")
     if search and not space:
         raise ConfigError("--search needs a range for at least one setting, e.g. --set 'train.lr=loguniform(0.001,0.1)'.")
-    spec = SearchSpec(space, search, samples, scheduler, metric, mode) if search else None
-    if suite_file is None:
+    file_suite = load_suite(suite_file) if suite_file is not None else None
+    spec = SearchSpec(space, search, samples) if search else file_suite.search if file_suite else None
+    # what the file schedules, beneath the arguments: its search's scheduler, or its own
+    below: tuple[str | None, str | None, str | None] = (None, None, None)
+    if file_suite is not None and file_suite.search is not None:
+        below = (file_suite.search.scheduler, file_suite.search.metric, file_suite.search.mode)
+    elif file_suite is not None and file_suite.scheduler is not None:
+        below = (file_suite.scheduler.name, file_suite.scheduler.metric, file_suite.scheduler.mode)
+    chosen = scheduler if scheduler is not None else below[0]
+    metric = metric if metric is not None else below[1] or "gm_gtest"
+    mode = mode if mode is not None else below[2] or "max"
+    if spec is None and chosen is None and (metric, mode) != ("gm_gtest", "max"):
+        given = f"--metric {metric!r}" if metric != "gm_gtest" else f"--mode {mode!r}"
+        raise ConfigError(
+            f"{given} is for a search or a scheduler to optimise, and this suite has neither: name one "
+            "(--search or --scheduler), or leave it out."
+        )
+    sched = SchedulerSpec(chosen, metric, mode) if spec is None and chosen is not None else None
+    if spec is not None:
+        spec = dataclasses.replace(spec, scheduler=chosen, metric=metric, mode=mode)
+    if file_suite is None:
         return make_suite(
             name=name or "sweep",
             base=base,
@@ -346,16 +409,17 @@ def suite_of(
             grid=grid,
             seeds=parse_seeds(seeds if seeds is not None else 0),
             search=spec,
+            scheduler=sched,
             driver_cpus=driver_cpus or 0.0,
         )
-    file_suite = load_suite(suite_file)
     return make_suite(
         name=name or file_suite.name,
         base={**file_suite.base, **base},
         configs=file_suite.configs,
         grid=grid,
         seeds=parse_seeds(seeds) if seeds is not None else file_suite.seeds,
-        search=spec or file_suite.search,
+        search=spec,
+        scheduler=sched,
         driver_cpus=driver_cpus if driver_cpus is not None else file_suite.driver_cpus,
         description=file_suite.description,
         equal_compute=file_suite.equal_compute,
@@ -409,10 +473,7 @@ def _check_search(search: SearchSpec) -> None:
         parse_range(key, text)
     if search.samples < 1:
         raise ConfigError(f"A search needs at least 1 sample, not {search.samples}.")
-    if search.mode not in ("max", "min"):
-        raise ConfigError(f"The search's mode is max or min, not {search.mode!r}.")
-    if search.metric not in SEARCH_METRICS:
-        raise ConfigError(f"Unknown metric {search.metric!r} to search on (known: {', '.join(SEARCH_METRICS)}).")
+    _check_objective(search.metric, search.mode, "search")
     algorithm = search.algorithm.lower()
     if algorithm not in SEARCHERS:
         raise ConfigError(f"Unknown search algorithm {search.algorithm!r} (known: {', '.join(SEARCHERS)}).")
@@ -425,16 +486,31 @@ def _check_search(search: SearchSpec) -> None:
             f"(pip install it, or search with random)."
         )
     if search.scheduler is not None:
-        scheduler = search.scheduler.lower()
-        if scheduler in UNSCHEDULABLE:
-            raise ConfigError(
-                f"The scheduler {scheduler} needs trials that save Tune checkpoints and settings to mutate, "
-                f"which raysim's trials do not have; use one of {', '.join(SCHEDULERS)}."
-            )
-        if scheduler not in SCHEDULERS:
-            raise ConfigError(f"Unknown scheduler {search.scheduler!r} (known: {', '.join(SCHEDULERS)}).")
-        if scheduler == "hb_bohb" and algorithm != "bohb":
-            raise ConfigError("The scheduler hb_bohb goes with the search algorithm bohb (--search bohb).")
+        _check_scheduler(search.scheduler, algorithm)
+
+
+def _check_objective(metric: str, mode: str, verb: str) -> None:
+    """The metric a search or scheduler optimises is one a trial reports to Tune, and the mode
+    max or min (Tune's words, as they are)."""
+    if mode not in ("max", "min"):
+        noun = "search" if verb == "search" else "scheduler"
+        raise ConfigError(f"The {noun}'s mode is max or min, not {mode!r}.")
+    if metric not in SEARCH_METRICS:
+        raise ConfigError(f"Unknown metric {metric!r} to {verb} on (known: {', '.join(SEARCH_METRICS)}).")
+
+
+def _check_scheduler(name: str, algorithm: str | None) -> None:
+    """A scheduler raysim's trials can run under (``algorithm``: the search's, None without one)."""
+    scheduler = name.lower()
+    if scheduler in UNSCHEDULABLE:
+        raise ConfigError(
+            f"The scheduler {scheduler} needs trials that save Tune checkpoints and settings to mutate, "
+            f"which raysim's trials do not have; use one of {', '.join(SCHEDULERS)}."
+        )
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"Unknown scheduler {name!r} (known: {', '.join(SCHEDULERS)}).")
+    if scheduler == "hb_bohb" and algorithm != "bohb":
+        raise ConfigError("The scheduler hb_bohb goes with the search algorithm bohb (--search bohb).")
 
 
 def _check_sampled(suite: Suite) -> None:
@@ -445,12 +521,22 @@ def _check_sampled(suite: Suite) -> None:
         for key, text in suite.search.space.items():
             for value in range_ends(*parse_range(key, text)):
                 trial_experiment(trial, Path("."), {key: value})
-        metric = suite.search.metric
-        if metric.startswith("lm_"):
-            exp = trial_experiment(trial, Path("."))
-            cfg = exp.cfg
-            if not exp.algorithm.evaluates_personal(cfg):
-                raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to search on.")
+    _check_reported(suite, suite.search.metric, "search")
+
+
+def _check_reported(suite: Suite, metric: str, verb: str) -> None:
+    """Every trial reports ``metric`` at each evaluation (Tune fails a trial whose result lacks
+    the metric it optimises): the global model's only where there is one, the local models' only
+    where they are evaluated (or updated_lm reads them), updated_lm_ptest only with eval.updated_lm."""
+    for trial in trials(suite):
+        exp = trial_experiment(trial, Path("."))
+        cfg, algorithm = exp.cfg, exp.algorithm
+        if metric.startswith("gm_") and not algorithm.has_global_model:
+            raise ConfigError(f"{cfg.algo} has no global model, so its trials report no {metric} to {verb} on.")
+        if metric.startswith("updated_lm_") and not cfg.eval.updated_lm:
+            raise ConfigError(f"{metric} is reported only with eval.updated_lm=true, which {trial.name} does not set.")
+        if metric.startswith("lm_") and not (algorithm.evaluates_personal(cfg) or cfg.eval.updated_lm):
+            raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to {verb} on.")
 
 
 def trials(suite: Suite) -> list[Trial]:
@@ -547,6 +633,8 @@ def to_yaml(suite: Suite) -> dict[str, Any]:
     }
     if suite.search is not None:
         out["search"] = dataclasses.asdict(suite.search)
+    if suite.scheduler is not None:
+        out["scheduler"] = dataclasses.asdict(suite.scheduler)
     if suite.equal_compute is not None:
         out["equal_compute"] = {"name": suite.equal_compute.name, "set": dict(suite.equal_compute.settings)}
     return out
@@ -584,6 +672,7 @@ __all__ = [
     "SUITE_FILE",
     "TRIAL_FILE",
     "UNSCHEDULABLE",
+    "SchedulerSpec",
     "SearchSpec",
     "Suite",
     "SuiteConfig",

@@ -1,6 +1,7 @@
 """Running a suite on Ray Tune: each trial one raysim experiment inside its own placement group (a
 head bundle for its driver and server, one bundle per client worker), restored and finished by
-``resume``; a search's ranges sampled by Tune's search algorithms and schedulers."""
+``resume``; a search's ranges sampled by Tune's search algorithms, and the trials (searched or
+not) stopped early by its schedulers."""
 
 from __future__ import annotations
 
@@ -176,7 +177,10 @@ def _stage(
         tuner = tune.Tuner(
             trainable,
             param_space=_param_space(suite, suite_dir, todo, main=name == "tune"),
-            tune_config=_tune_config(suite if name == "tune" else dataclasses.replace(suite, search=None), max_concurrent),
+            # the baseline's trials at equal compute run to their end: none is searched or stopped early
+            tune_config=_tune_config(
+                suite if name == "tune" else dataclasses.replace(suite, search=None, scheduler=None), max_concurrent
+            ),
             run_config=tune.RunConfig(
                 name=name,
                 storage_path=str(suite_dir),
@@ -256,18 +260,22 @@ def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
     """Tune's settings. A finished trial's actor is kept for the next trial of the same resources
     (``reuse_actors``): that trial starts in its process, PyTorch and raysim already imported, not
     in a new one (about 2 s a trial here, issue 29). Every run seeds its generators and sets its
-    threads itself, so its numbers are those of a fresh process (tested)."""
+    threads itself, so its numbers are those of a fresh process (tested). A scheduler applies to
+    the search's trials, or without a search to the grid's and seeds' (Tune's default variant
+    generator)."""
     from ray import tune
 
     s = suite.search
     if s is None:
-        return tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True)
+        sched = suite.scheduler
+        return tune.TuneConfig(
+            scheduler=_scheduler(sched.name, sched.metric, sched.mode, suite) if sched is not None else None,
+            max_concurrent_trials=max_concurrent,
+            reuse_actors=True,
+        )
     algorithm = s.algorithm.lower()
     searcher = tune.search.create_searcher(algorithm, metric=s.metric, mode=s.mode) if algorithm != "random" else None
-    scheduler = None
-    if s.scheduler:
-        kwargs: dict[str, Any] = {"metric": s.metric, "mode": s.mode}
-        scheduler = tune.schedulers.create_scheduler(SCHEDULERS[s.scheduler.lower()], **kwargs)
+    scheduler = _scheduler(s.scheduler, s.metric, s.mode, suite) if s.scheduler is not None else None
     return tune.TuneConfig(
         num_samples=s.samples,
         search_alg=searcher,
@@ -275,6 +283,22 @@ def _tune_config(suite: Suite, max_concurrent: int | None) -> Any:
         max_concurrent_trials=max_concurrent,
         reuse_actors=True,
     )
+
+
+#: Tune's schedulers that stop every trial at ``max_t`` reports (their default: 100, or 81)
+HORIZON_SCHEDULERS = ("asha", "async_hyperband", "asynchyperband", "hyperband", "hb_bohb")
+
+
+def _scheduler(name: str, metric: str, mode: str, suite: Suite) -> Any:
+    """Tune's scheduler ``name`` on ``metric`` in ``mode`` (checked by the suite's spec). One that
+    stops every trial at ``max_t`` reports gets the suite's longest run's rounds, a bound on the
+    evaluations any trial reports: its own default would cut a 500-round run after 100 reports."""
+    from ray import tune
+
+    kwargs: dict[str, Any] = {"metric": metric, "mode": mode}
+    if name.lower() in HORIZON_SCHEDULERS:
+        kwargs["max_t"] = max(trial_experiment(t, Path(".")).cfg.rounds for t in trials(suite))
+    return tune.schedulers.create_scheduler(SCHEDULERS[name.lower()], **kwargs)
 
 
 __all__ = ["TuneReporter", "equal_compute_trials", "run_suite", "run_trial", "trial_resources"]

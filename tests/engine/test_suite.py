@@ -61,6 +61,125 @@ def test_every_trial_is_checked_before_anything_runs():
         suite_from_args(["--set", "train.lr=loguniform(0.001,0.1)", *TINY[:-1]])
 
 
+#: a grid of two trials without a search: the scheduler is for these
+SCHEDULED = ["--algo", "fedavg", *TINY, "--lr", "0.05,0.0001"]
+
+
+def _never_run(*args, **kwargs):
+    raise AssertionError("a refused suite reached run_suite (and Ray)")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--scheduler", "ashaa"], "Unknown scheduler 'ashaa' (known: asha, async_hyperband,"),
+        (["--scheduler", "ASHA "], "Unknown scheduler 'ASHA '"),
+        (["--scheduler", "hyperband2"], "Unknown scheduler 'hyperband2'"),
+        (["--scheduler", ""], "Unknown scheduler ''"),
+        (["--scheduler", "pbt"], "The scheduler pbt needs trials that save Tune checkpoints"),
+        (["--scheduler", "pb2"], "The scheduler pb2 needs trials that save Tune checkpoints"),
+        (["--scheduler", "resource_changing"], "The scheduler resource_changing needs trials that save"),
+        (["--scheduler", "hb_bohb"], "hb_bohb goes with the search algorithm bohb"),
+        (["--scheduler", "asha", "--metric", "gm_gtset"], "Unknown metric 'gm_gtset' to schedule on"),
+        (["--scheduler", "asha", "--metric", "accuracy"], "Unknown metric 'accuracy' to schedule on"),
+        (["--scheduler", "asha", "--metric", "GM_GTEST"], "Unknown metric 'GM_GTEST' to schedule on"),
+        (["--scheduler", "asha", "--metric", ""], "Unknown metric '' to schedule on"),
+        (["--scheduler", "asha", "--metric", "lm_ptest"], "fedavg has no personal models, so its trials report no lm_ptest"),
+        (["--scheduler", "asha", "--metric", "updated_lm_ptest"], "updated_lm_ptest is reported only with eval.updated_lm"),
+        (["--scheduler", "asha", "--algo", "fedavg,local"], "local has no global model, so its trials report no gm_gtest"),
+        (["--scheduler", "asha", "--mode", "maximum"], "Argument --mode: invalid choice: 'maximum'"),
+        (["--scheduler", "asha", "--mode", "Max"], "Argument --mode: invalid choice: 'Max'"),
+        (["--scheduler", "asha", "--mode", ""], "Argument --mode: invalid choice: ''"),
+        (["--metric", "gm_ptest"], "--metric 'gm_ptest' is for a search or a scheduler to optimise"),
+        (["--mode", "min"], "--mode 'min' is for a search or a scheduler to optimise"),
+    ],
+    ids=lambda v: " ".join(map(repr, v[-2:])) if isinstance(v, list) else None,
+)
+def test_a_bad_scheduler_is_refused_in_one_sentence_before_ray_starts(flags, needle, monkeypatch, capsys):
+    """Without a search, as with one: the command exits 2 with one line on stderr, never reaching
+    run_suite (which starts Ray)."""
+    import raysim.suite
+    from raysim.commands.sweep import main
+
+    monkeypatch.setattr(raysim.suite, "run_suite", _never_run)
+    assert main([*SCHEDULED, *flags, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("raysim: error: ") and needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("how", "given", "needle"),
+    [
+        ("api", {"scheduler": "ashaa"}, "Unknown scheduler 'ashaa'"),
+        ("api", {"scheduler": "asha", "mode": "Max"}, "The scheduler's mode is max or min, not 'Max'."),
+        ("api", {"scheduler": "asha", "mode": ""}, "The scheduler's mode is max or min, not ''."),
+        ("api", {"scheduler": "asha", "metric": "gm_test"}, "Unknown metric 'gm_test' to schedule on"),
+        ("file", "scheduler: ashaa", "Unknown scheduler 'ashaa'"),
+        ("file", "scheduler: ''", "Unknown scheduler ''"),
+        ("file", "scheduler: pbt", "The scheduler pbt needs trials that save Tune checkpoints"),
+        ("file", "scheduler: {name: asha, metric: gm_gtset}", "Unknown metric 'gm_gtset' to schedule on"),
+        ("file", "scheduler: {name: asha, mode: up}", "The scheduler's mode is max or min, not 'up'."),
+        ("file", "scheduler: {nme: asha}", "is a name (e.g. asha) or a table of name, metric and mode"),
+        ("file", "scheduler: 3", "is a name (e.g. asha) or a table of name, metric and mode, not 3."),
+        (
+            "file",
+            "search: {space: {train.lr: 'loguniform(0.001, 0.1)'}}\nscheduler: asha",
+            "give its scheduler under search (search.scheduler), not beside it.",
+        ),
+    ],
+)
+def test_a_bad_scheduler_from_the_api_or_a_suite_file_is_refused(tmp_path, monkeypatch, how, given, needle):
+    import raysim
+    import raysim.suite
+
+    monkeypatch.setattr(raysim.suite, "run_suite", _never_run)
+    small = {"dataset": "synthetic", "model": "mlp_fcd", "clients": 8, "rounds": 2}
+    with pytest.raises(ConfigError) as refused:
+        if how == "api":
+            raysim.sweep(algo="fedavg", out=tmp_path / "suite", **small, **given)
+        else:
+            (tmp_path / "s.yaml").write_text(f"name: s\nbase: {json.dumps(small)}\nconfigs: [{{name: a}}]\n{given}\n")
+            raysim.sweep(tmp_path / "s.yaml", out=tmp_path / "suite")
+    sentence = str(refused.value)
+    assert needle in sentence and "\n" not in sentence and sentence.endswith("."), sentence
+
+
+def test_a_scheduler_without_a_search_goes_to_tune_for_the_grid_and_its_seeds(tmp_path):
+    """From the flags, a suite file or the API alike: Tune's scheduler on the metric and mode, kept
+    in suite.yaml for --resume; a flag's scheduler goes to a suite file's search if it has one."""
+    from ray.tune.schedulers import AsyncHyperBandScheduler, MedianStoppingRule
+
+    from raysim.suite import SchedulerSpec, suite_of, to_yaml
+    from raysim.suite.spec import write_yaml
+    from raysim.suite.tune import _tune_config
+
+    suite, _, _ = suite_from_args([*SCHEDULED, "--scheduler", "asha", "--metric", "train_loss", "--mode", "min"])
+    assert suite.search is None and suite.scheduler == SchedulerSpec("asha", "train_loss", "min")
+    tuned = _tune_config(suite, None)
+    assert isinstance(tuned.scheduler, AsyncHyperBandScheduler) and tuned.search_alg is None
+    assert (tuned.scheduler.metric, tuned.scheduler._mode) == ("train_loss", "min")
+    # its horizon is the suite's rounds, not Tune's default of 100 reports (which cut longer runs)
+    long, _, _ = suite_from_args([*SCHEDULED, "--scheduler", "asha", "--rounds", "150"])
+    assert _tune_config(long, None).scheduler._max_t == 150
+    write_yaml(tmp_path / "suite.yaml", to_yaml(suite))
+    assert load_suite(tmp_path / "suite.yaml").scheduler == suite.scheduler
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nbase: {dataset: synthetic, model: mlp_fcd, clients: 8, rounds: 2}\nconfigs: [{name: a}]\n"
+        "scheduler: median_stopping_rule\n"
+    )
+    from_file = suite_of(tmp_path / "s.yaml")
+    assert from_file.scheduler == SchedulerSpec("median_stopping_rule")
+    assert isinstance(_tune_config(from_file, None).scheduler, MedianStoppingRule)
+    assert suite_of(tmp_path / "s.yaml", scheduler="asha", metric="gm_ptest").scheduler == SchedulerSpec("asha", "gm_ptest")
+    (tmp_path / "search.yaml").write_text(
+        "name: s\nbase: {dataset: synthetic, model: mlp_fcd, clients: 8, rounds: 2}\nconfigs: [{name: a}]\n"
+        "search: {space: {train.lr: 'loguniform(0.001, 0.1)'}}\n"
+    )
+    searched = suite_of(tmp_path / "search.yaml", scheduler="asha")
+    assert searched.scheduler is None and searched.search is not None and searched.search.scheduler == "asha"
+    assert _tune_config(suite_from_args(SCHEDULED)[0], None).scheduler is None  # Tune's FIFO: every trial to its end
+
+
 @pytest.mark.parametrize(
     ("flags", "serial", "bundles"),
     [
@@ -286,6 +405,24 @@ def test_a_random_search_with_asha_early_stopping(tmp_path, ray_local):
     assert "search" in load_suite(tmp_path / "suite" / "suite.yaml").__dict__ and load_suite(
         tmp_path / "suite" / "suite.yaml"
     ).search.scheduler == "asha"
+
+
+@pytest.mark.ray
+def test_asha_stops_a_grid_trial_early_that_runs_to_its_end_without_it(tmp_path, ray_local):
+    """No search: a grid of lr 0.05 (G-Test 0.46 after round 1) then lr 0.0001 (0.14), one at a
+    time, under ASHA (its first rung at the first report): the second trails the first at round 1
+    and is stopped there, with that round's numbers. Without a scheduler (Tune's FIFO, as every
+    other suite test runs) the same trial runs its 3 rounds, as through run.py."""
+    from raysim.suite import run_suite
+
+    grid = [*SCHEDULED, "--rounds", "3"]
+    suite, _, _ = suite_from_args([*grid, "--scheduler", "asha"])
+    summary = run_suite(suite, tmp_path / "suite", progress=False, max_concurrent=1)
+    assert {c["config"]: c["rounds"] for c in summary["configs"]} == {"lr=0.05": [3], "lr=0.0001": [1]}
+    stopped = pq.read_table(tmp_path / "suite" / "runs" / "lr=0.0001-seed0" / "metrics.parquet").to_pylist()
+    whole = _run_py(["--algo", "fedavg", *TINY, "--lr", "0.0001", "--rounds", "3"], tmp_path / "whole")
+    assert [r["round"] for r in whole] == [1, 2, 3]
+    assert without_times(stopped) == without_times(whole[:1])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "suites").glob("*.yaml")), ids=lambda p: p.stem)
