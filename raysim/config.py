@@ -34,18 +34,23 @@ class Bounds:
     above: float | None = None
     at_most: float | None = None
     below: float | None = None
+    #: what the setting is, said after a value out of range (e.g. that an accuracy is a fraction)
+    hint: str = ""
 
     def check(self, value: Any, where: str) -> None:
         if value is None:  # an optional setting left to its default
             return
+        hint = f" ({self.hint})" if self.hint else ""
+        if value != value:  # NaN, which every comparison below would let through
+            raise ConfigError(f"{where} must be a number, not {value!r}{hint}.")
         if self.at_least is not None and value < self.at_least:
-            raise ConfigError(f"{where} must be at least {self.at_least:g}, not {value!r}.")
+            raise ConfigError(f"{where} must be at least {self.at_least:g}, not {value!r}{hint}.")
         if self.above is not None and value <= self.above:
-            raise ConfigError(f"{where} must be above {self.above:g}, not {value!r}.")
+            raise ConfigError(f"{where} must be above {self.above:g}, not {value!r}{hint}.")
         if self.at_most is not None and value > self.at_most:
-            raise ConfigError(f"{where} must be at most {self.at_most:g}, not {value!r}.")
+            raise ConfigError(f"{where} must be at most {self.at_most:g}, not {value!r}{hint}.")
         if self.below is not None and value >= self.below:
-            raise ConfigError(f"{where} must be below {self.below:g}, not {value!r}.")
+            raise ConfigError(f"{where} must be below {self.below:g}, not {value!r}{hint}.")
 
 
 def setting(
@@ -55,10 +60,12 @@ def setting(
     above: float | None = None,
     at_most: float | None = None,
     below: float | None = None,
+    hint: str = "",
 ) -> Any:
-    """A dataclass field with its allowed range: ``batch_size: int = setting(40, at_least=1)``.
-    (Allowed words are declared with the type: ``Literal["fo", "hf"]``.)"""
-    return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most, below)})
+    """A dataclass field with its allowed range: ``batch_size: int = setting(40, at_least=1)``;
+    ``hint`` follows a value out of range. (Allowed words are declared with the type:
+    ``Literal["fo", "hf"]``.)"""
+    return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most, below, hint)})
 
 
 @dataclass(frozen=True)
@@ -69,8 +76,10 @@ class SyntheticConfig:
     plus unit Gaussian noise, reshaped to ``shape``. Generated from the experiment seed.
     """
 
-    train_samples: int = 2000
-    test_samples: int = 500
+    #: 200 training and 50 test samples a client of the default federation (100 clients), which its
+    #: default split (Dirichlet 0.1, at least ``data.min_samples`` a client) needs
+    train_samples: int = 20000
+    test_samples: int = 5000
     num_classes: int = 10
     shape: tuple[int, ...] = (1, 16, 16)
     separation: float = 0.5
@@ -149,7 +158,7 @@ class EvalConfig:
     #: a test accuracy (``target_metric``) whose first reaching, in simulated seconds
     #: (``sim_time_s``) and rounds, the summary reports as ``time_to_target_s`` and
     #: ``rounds_to_target`` (None: not asked; both None if it was never reached)
-    target: float | None = setting(None, above=0, at_most=1)
+    target: float | None = setting(None, above=0, at_most=1, hint="an accuracy is a fraction: 0.8 for 80%")
     #: the accuracy ``target`` reads; auto: lm_ptest for an algorithm with personal models, else gm_gtest
     target_metric: Literal["auto", "gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest"] = "auto"
 
@@ -322,21 +331,21 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where} cannot be {value!r}.")
+        raise ConfigError(errors[0] if errors else f"{_name(where)} cannot be {value!r}.")
     if is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table of settings, not {value!r}.")
+            raise ConfigError(f"{_name(where)} must be a table of settings, not {value!r}.")
         return from_dict(tp, value, where)
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.strip("()[] ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, not {value!r}.")
+            raise ConfigError(f"{_name(where)} must be a list, not {value!r}.")
         item = args[0] if args else str
         return tuple(_coerce(v, item, where) for v in value)
     if origin in (Mapping, dict) or tp in (Mapping, dict):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table, not {value!r}.")
+            raise ConfigError(f"{_name(where)} must be a table, not {value!r}.")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
@@ -345,22 +354,22 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("false", "no", "0", "off"):
             return False
-        raise ConfigError(f"{where} must be true or false, not {value!r}.")
+        raise ConfigError(f"{_name(where)} must be true or false, not {value!r}.")
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+            raise ConfigError(f"{_name(where)} must be an integer, not {value!r}.")
         try:
             f = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be an integer, not {value!r}.") from None
+            raise ConfigError(f"{_name(where)} must be an integer, not {value!r}.") from None
         if not f.is_integer():
-            raise ConfigError(f"{where} must be an integer, not {value!r}.")
+            raise ConfigError(f"{_name(where)} must be an integer, not {value!r}.")
         return int(f)
     if tp is float:
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, not {value!r}.") from None
+            raise ConfigError(f"{_name(where)} must be a number, not {value!r}.") from None
     if tp is str:
         return str(value)
     return value

@@ -13,48 +13,130 @@ client's ``seconds_per_sample`` is ``3 * computation / 1000``, and its bandwidth
 
 from __future__ import annotations
 
-import argparse
 import csv
+import math
 import pickle
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from raysim.commands.flags import Parser  # noqa: E402
+from raysim.errors import ConfigError  # noqa: E402
+
 FIELDS = ("client", "seconds_per_sample", "down_mbps", "up_mbps")
+SHAPE = "a pickle of {client_id: {'computation': ms, 'communication': kbps}}"
 
 
-def convert(trace: dict[Any, dict[str, float]]) -> list[dict[str, Any]]:
+def read_trace(path: str) -> dict[Any, Any]:
+    """FedScale's device trace from the pickle ``path``; a file that is not one is a ConfigError."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise ConfigError(f"The FedScale device trace {path} does not exist.")
+    if not file.is_file():
+        raise ConfigError(f"The FedScale device trace {path} is a directory, not a file ({SHAPE}).")
+    try:
+        with open(file, "rb") as f:
+            text = _is_text(f.read(4096))
+            f.seek(0)
+            trace = None if text else pickle.load(f)  # a file the user names: FedScale's format is a pickle
+    except OSError as e:
+        raise ConfigError(f"The FedScale device trace {path} cannot be read ({e.strerror or e}).") from None
+    except Exception as e:  # unpickling a file that is not a pickle fails in many ways
+        raise ConfigError(
+            f"{path} is not a pickle ({type(e).__name__}: {str(e).rstrip('.')}); FedScale's device trace is {SHAPE}."
+        ) from None
+    if text:
+        raise ConfigError(
+            f"{path} is a text file, not a pickle: FedScale's device trace is {SHAPE} "
+            "(a CSV in raysim's columns is read as it is by deployment.devices_file)."
+        )
+    if not isinstance(trace, Mapping):
+        raise ConfigError(f"{path} holds a {type(trace).__name__}, not FedScale's device trace ({SHAPE}).")
+    if not trace:
+        raise ConfigError(f"{path} holds no client devices.")
+    return dict(trace)
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file that begins with ``head`` is text (UTF-8, no control bytes but white space),
+    as no pickle of a dict is: each begins with a protocol byte, or protocol 0's ``(``."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return bool(text) and not text.startswith("(") and all(c.isprintable() or c in "\r\n\t" for c in text)
+
+
+def _value(dev: Mapping[str, Any], key: str, client: Any, *, positive: bool) -> float:
+    try:
+        value = float(dev[key])
+    except (TypeError, ValueError):
+        raise ConfigError(f"Client {client!r}'s {key} is not a number ({dev[key]!r}).") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ConfigError(
+            f"Client {client!r}'s {key} must be a number {'above' if positive else 'at least'} 0, not {value:g}."
+        )
+    return value
+
+
+def convert(trace: Mapping[Any, Any]) -> list[dict[str, Any]]:
     """raysim's rows of a FedScale trace, in the order of its client ids (renumbered from 0)."""
+    try:
+        keys = sorted(trace)
+    except TypeError:
+        raise ConfigError(
+            "The trace's client ids are of mixed kinds (numbers and texts), so they have no order."
+        ) from None
     rows = []
-    for i, key in enumerate(sorted(trace)):
+    for i, key in enumerate(keys):
         dev = trace[key]
-        both = float(dev["communication"])
+        if not isinstance(dev, Mapping):
+            raise ConfigError(f"Client {key!r}'s device is a {type(dev).__name__}, not a dict ({SHAPE}).")
+        missing = [k for k in ("computation", "communication") if k not in dev]
+        if missing:
+            raise ConfigError(f"Client {key!r}'s device has no {' and no '.join(missing)} ({SHAPE}).")
+        both = _value(dev, "communication", key, positive=True)
         rows.append(
             {
                 "client": i,
-                "seconds_per_sample": 3 * float(dev["computation"]) / 1000,
-                "down_mbps": float(dev.get("dl_kbps", both)) / 1000,
-                "up_mbps": float(dev.get("ul_kbps", both)) / 1000,
+                "seconds_per_sample": 3 * _value(dev, "computation", key, positive=False) / 1000,
+                "down_mbps": (_value(dev, "dl_kbps", key, positive=True) if "dl_kbps" in dev else both)
+                / 1000,
+                "up_mbps": (_value(dev, "ul_kbps", key, positive=True) if "ul_kbps" in dev else both) / 1000,
             }
         )
     return rows
 
 
+def write(rows: list[dict[str, Any]], out: str) -> None:
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{out} is a directory; name the CSV to write, e.g. {path / 'devices.csv'}.")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{out}: the folder {path.parent} does not exist.")
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+    except OSError as e:
+        raise ConfigError(f"{out} cannot be written ({e.strerror or e}).") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(prog="fedscale_devices.py", description=__doc__.splitlines()[0])
     p.add_argument("trace", help="FedScale's device pickle (e.g. client_device_capacity)")
     p.add_argument("out", help="the CSV to write")
-    args = p.parse_args(argv)
-    with open(args.trace, "rb") as f:
-        trace = pickle.load(f)  # a file the user names: FedScale's own format is a pickle
-    if not isinstance(trace, dict) or not trace:
-        print(f"fedscale_devices: {args.trace} holds no client devices", file=sys.stderr)
+    try:
+        args = p.parse_args(argv)
+        rows = convert(read_trace(args.trace))
+        write(rows, args.out)
+    except ConfigError as e:
+        print(f"fedscale_devices.py: error: {e}", file=sys.stderr)
         return 2
-    rows = convert(trace)
-    with open(Path(args.out), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
     print(f"{len(rows)} devices written to {args.out}")
     return 0
 

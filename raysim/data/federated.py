@@ -81,9 +81,10 @@ def _label_counts(y: np.ndarray, parts: tuple[np.ndarray, ...], num_classes: int
 Partition = Callable[..., list[np.ndarray]]
 
 
-def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> FederatedData:
+def build_federated_data(cfg: DataConfig, num_clients: int, seed: int, *, quiet: bool = False) -> FederatedData:
     """Load ``cfg.dataset``, partition it over ``num_clients`` clients and build their test sets
-    by the registered test mode (:data:`raysim.registry.TEST_MODES`).
+    by the registered test mode (:data:`raysim.registry.TEST_MODES`); log the split's sizes unless
+    ``quiet`` (the driver's check of a generated dataset, which is built again for the run).
 
     The partition draws from ``SeedSequence([seed, 1])`` and the test sets from
     ``SeedSequence([seed, 2])``, so a seed gives the same split on every machine.
@@ -115,6 +116,8 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int) -> Federa
             kept.append(np.sort(shuffled[n_val:]))
         data = FederatedData(data.train, data.gtest, data.ptest, tuple(kept), data.client_test, tuple(held))
 
+    if quiet:
+        return data
     sizes = np.array([len(i) for i in data.client_train])
     logger.info(
         "%s split over %d clients by %s (test mode %s): %d to %d training samples per client, "

@@ -21,15 +21,24 @@ Devices (``deployment.devices=trace``, ``deployment.devices_file``)::
 ``latency_s`` may be left out (then ``deployment.latency_s``), and ``seconds_per_sample`` may be
 given instead as ``speed``, a multiplier of ``deployment.seconds_per_sample`` (2: twice as slow), a
 base measured once with ``scripts/bench/seconds_per_sample.py``.
-Clients map to rows as in the availability trace. A FedScale device trace (a pickle of
+A trace gives a device's compute in one of the two columns, not both. Clients map to rows as in
+the availability trace. A FedScale device trace (a pickle of
 ``{client_id: {"computation": ms_per_sample, "communication": kbit_per_s}}``) converts with
 ``python scripts/fedscale_devices.py IN.pkl OUT.csv``: FedScale times a sample's training as three
 times its ``computation`` milliseconds (forward and backward) and uses one bandwidth both ways.
+
+Both are read when the driver checks the deployment (:func:`raysim.deployment.model.check`), and
+what a user gets wrong is one sentence naming the file and line: a column raysim does not read
+(the nearest known one named, with its unit), a column twice, a line of another length than the
+header, a number that is not finite and at least 0 (a speed and a bandwidth above 0), a client
+id that is not whole, a device client twice, a file that is not comma-separated text.
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,33 +47,102 @@ from raysim.errors import ConfigError
 
 MEGABIT = 1e6 / 8  # bytes a second in one megabit a second
 
+#: each trace's columns: those it needs, and those it may have
+AVAILABILITY_COLUMNS = (("client", "start_s", "end_s"), ())
+DEVICE_COLUMNS = (("client", "down_mbps", "up_mbps"), ("seconds_per_sample", "speed", "latency_s"))
+#: the units of the columns that have them, said where a column's name is mistaken
+UNITS = {
+    "start_s": "seconds",
+    "end_s": "seconds",
+    "seconds_per_sample": "seconds",
+    "down_mbps": "megabits a second",
+    "up_mbps": "megabits a second",
+    "latency_s": "seconds",
+}
+CONVERT = "a FedScale device pickle converts with scripts/fedscale_devices.py"
 
-def _rows(path: str, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
+
+def _rows(
+    path: str, columns: tuple[tuple[str, ...], tuple[str, ...]], what: str
+) -> list[tuple[int, dict[str, str]]]:
+    """The rows of the trace ``path``, each its line number and a dict of its columns' texts (blank
+    lines skipped), once its header and each line's number of fields are checked: every column one
+    of ``columns`` (those it needs, and those it may have), none twice, the needed ones there. A
+    column name's surrounding spaces and a UTF-8 byte-order mark (a spreadsheet's CSV) are left out."""
     file = Path(path).expanduser()
+    if not file.exists():
+        raise ConfigError(f"The {what} trace {path} does not exist.")
     if not file.is_file():
-        raise ConfigError(f"The {what} trace {path} is not a file.")
-    with open(file, newline="") as f:
-        reader = csv.DictReader(f)
-        header = set(reader.fieldnames or ())
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise ConfigError(f"The {what} trace {path} lacks the column(s) {', '.join(missing)}.")
-        rows = list(reader)
+        raise ConfigError(f"The {what} trace {path} is a directory, not a CSV file.")
+    required, optional = columns
+    try:
+        with open(file, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [name.strip() for name in next(reader, [])]
+            lines = [(reader.line_num, fields) for fields in reader if fields]
+    except UnicodeDecodeError:
+        also = f"; {CONVERT}" if what == "device" else ""
+        raise ConfigError(f"The {what} trace {path} is not a CSV text file{also}.") from None
+    except csv.Error as e:
+        raise ConfigError(f"The {what} trace {path} does not parse as CSV ({e}).") from None
+    _check_header(header, required, optional, path, what)
+    rows = []
+    for line, fields in lines:
+        if len(fields) != len(header):
+            raise ConfigError(
+                f"Line {line} of {path} has {len(fields)} fields, not the {len(header)} of its header's columns."
+            )
+        rows.append((line, dict(zip(header, fields, strict=True))))
     if not rows:
         raise ConfigError(f"The {what} trace {path} has no rows.")
     return rows
 
 
-def _number(row: dict[str, str], key: str, path: str, line: int) -> float:
+def _check_header(
+    header: list[str], required: tuple[str, ...], optional: tuple[str, ...], path: str, what: str
+) -> None:
+    known = (*required, *optional)
+    listed = ", ".join(required) + (f" (and optionally {', '.join(optional)})" if optional else "")
+    if len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
+        raise ConfigError(
+            f"The {what} trace {path} is not comma-separated: its header is {header[0]!r}, not {listed}."
+        )
+    for i, name in enumerate(header):
+        if not name:
+            raise ConfigError(f"Column {i + 1} of the {what} trace {path} has no name in its header.")
+        if name in header[:i]:
+            raise ConfigError(f"The {what} trace {path} has the column {name} twice.")
+        if name not in known:
+            near = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+            unit = f", in {UNITS[near[0]]}" if near and near[0] in UNITS else ""
+            guess = f" (did you mean {near[0]}{unit}?)" if near else ""
+            raise ConfigError(
+                f"The {what} trace {path} has a column {name!r}{guess}, which raysim does not read; "
+                f"its columns are {listed}."
+            )
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise ConfigError(f"The {what} trace {path} lacks the column(s) {', '.join(missing)}.")
+
+
+def _number(row: dict[str, str], key: str, path: str, line: int, *, positive: bool = False) -> float:
     try:
         value = float(row[key])
     except (TypeError, ValueError):
         raise ConfigError(f"Line {line} of {path}: {key} is not a number ({row.get(key)!r}).") from None
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(
-            f"Line {line} of {path}: {key} must be a finite number of at least 0, not {value:g}."
-        )
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        least = "above 0" if positive else "at least 0"
+        raise ConfigError(f"Line {line} of {path}: {key} must be a finite number {least}, not {value:g}.")
     return value
+
+
+def _client(row: dict[str, str], path: str, line: int) -> int:
+    value = _number(row, "client", path, line)
+    if not value.is_integer():
+        raise ConfigError(
+            f"Line {line} of {path}: client must be a whole number (a client id), not {value:g}."
+        )
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -77,13 +155,13 @@ class AvailabilityTrace:
     @classmethod
     def read(cls, path: str) -> AvailabilityTrace:
         by_client: dict[int, list[tuple[float, float]]] = {}
-        for line, row in enumerate(_rows(path, ("client", "start_s", "end_s"), "availability"), start=2):
+        for line, row in _rows(path, AVAILABILITY_COLUMNS, "availability"):
             start, end = _number(row, "start_s", path, line), _number(row, "end_s", path, line)
             if end <= start:
                 raise ConfigError(
                     f"Line {line} of {path}: end_s ({end:g}) must be after start_s ({start:g})."
                 )
-            by_client.setdefault(int(_number(row, "client", path, line)), []).append((start, end))
+            by_client.setdefault(_client(row, path, line), []).append((start, end))
         span = max(e for iv in by_client.values() for _, e in iv)
         return cls(tuple(tuple(sorted(by_client[c])) for c in sorted(by_client)), span)
 
@@ -104,26 +182,36 @@ class AvailabilityTrace:
 
 def read_devices(path: str, base: Device) -> tuple[Device, ...]:
     """The trace's devices by client id (see the module docstring)."""
-    rows = _rows(path, ("client", "down_mbps", "up_mbps"), "device")
+    rows = _rows(path, DEVICE_COLUMNS, "device")
+    given = set(rows[0][1])
+    if {"seconds_per_sample", "speed"} <= given:
+        raise ConfigError(
+            f"The device trace {path} has both a seconds_per_sample and a speed column; give a device's "
+            "compute in one of them (speed: a multiple of deployment.seconds_per_sample)."
+        )
+    if not {"seconds_per_sample", "speed"} & given:
+        raise ConfigError(
+            f"The device trace {path} gives neither seconds_per_sample nor speed (one of the two columns)."
+        )
     out: dict[int, Device] = {}
-    for line, row in enumerate(rows, start=2):
-        if row.get("seconds_per_sample") not in (None, ""):
-            per_sample = _number(row, "seconds_per_sample", path, line)
-        elif row.get("speed") not in (None, ""):
-            per_sample = base.seconds_per_sample * _number(row, "speed", path, line)
+    first: dict[int, int] = {}
+    for line, row in rows:
+        if "speed" in row:
+            per_sample = base.seconds_per_sample * _number(row, "speed", path, line, positive=True)
         else:
-            raise ConfigError(f"Line {line} of {path} gives neither seconds_per_sample nor speed.")
-        down, up = _number(row, "down_mbps", path, line), _number(row, "up_mbps", path, line)
-        if down == 0 or up == 0:
-            raise ConfigError(f"Line {line} of {path}: a bandwidth must be above 0.")
+            per_sample = _number(row, "seconds_per_sample", path, line)
+        down = _number(row, "down_mbps", path, line, positive=True)
+        up = _number(row, "up_mbps", path, line, positive=True)
         latency = (
-            _number(row, "latency_s", path, line)
-            if row.get("latency_s") not in (None, "")
-            else base.latency_s
+            _number(row, "latency_s", path, line) if row.get("latency_s", "").strip() else base.latency_s
         )
-        out[int(_number(row, "client", path, line))] = Device(
-            per_sample, down * MEGABIT, up * MEGABIT, latency
-        )
+        client = _client(row, path, line)
+        if client in first:
+            raise ConfigError(
+                f"Lines {first[client]} and {line} of {path} both give client {client}'s device."
+            )
+        first[client] = line
+        out[client] = Device(per_sample, down * MEGABIT, up * MEGABIT, latency)
     return tuple(out[c] for c in sorted(out))
 
 

@@ -27,6 +27,7 @@ from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.deployment.model import apply_preset, preset_settings
 from raysim.deployment.model import check as check_deployment
 from raysim.engine.hooks import AlgorithmHooks
+from raysim.engine.targets import check_target
 from raysim.errors import ConfigError
 from raysim.plugins import load_plugins
 from raysim.registry import (
@@ -163,6 +164,7 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     cls = exp.algorithm
     if cfg.eval.target_metric == "updated_lm_ptest" and not cfg.eval.updated_lm:
         raise ConfigError("eval.target_metric=updated_lm_ptest needs eval.updated_lm=true (it is that setting's column).")
+    check_target(cfg, cls)
     if cfg.eval.updated_lm and cfg.train.batch_clients > 1 and cls.evaluates_personal(cfg):
         raise ConfigError(
             "eval.updated_lm with train.batch_clients > 1 reads only what a client uploads, and "
@@ -217,6 +219,13 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
     pool = info.train_size + (info.test_size if TEST_MODES.get(test_mode.kind).pools_test_set else 0)
     feasible = load_ref(PARTITIONS.get(partition.kind).feasible)
     feasible(partition.param, cfg.clients, info.num_classes, pool, d)
+    if not entry.reads_files:
+        # a generated dataset costs little to make (the synthetic set's default size in tens of
+        # milliseconds): made and split here, whatever its split cannot do (a Dirichlet draw that
+        # leaves a client too few samples) is refused before Ray starts, not seconds into a run
+        from raysim.data.federated import build_federated_data
+
+        build_federated_data(d, cfg.clients, cfg.seed, quiet=True)
     return info
 
 

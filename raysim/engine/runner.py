@@ -30,6 +30,7 @@ from raysim.data.loading import DataLoad
 from raysim.deployment.model import Deployment
 from raysim.engine.executors.base import Executor
 from raysim.engine.experiment import Experiment, validate
+from raysim.engine.targets import target_metric
 from raysim.errors import ConfigError, RunAborted
 from raysim.records import EvalReport, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, load_ref
@@ -314,18 +315,10 @@ def run_experiment(
     )
     summary = {"algo": cfg.algo, **result.summary(), "best_round": history.best_round()}
     if cfg.eval.target is not None:  # the first evaluation at or above the target, on the simulated clock
-        summary.update(history.reaching(cfg.eval.target, target_metric(cfg, exp)))
+        summary.update(history.reaching(cfg.eval.target, target_metric(cfg, exp.algorithm)))
     for cb in all_callbacks:
         cb.on_end(summary)
     return result
-
-
-def target_metric(cfg: ExperimentConfig, exp: Experiment) -> str:
-    """``eval.target_metric``, or by default the model the algorithm is judged by: lm_ptest where
-    it has personal models, else gm_gtest."""
-    if cfg.eval.target_metric != "auto":
-        return cfg.eval.target_metric
-    return "lm_ptest" if exp.algorithm.evaluates_personal(cfg) else "gm_gtest"
 
 
 def _export_features(

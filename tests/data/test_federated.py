@@ -163,3 +163,15 @@ def test_validation_parts_are_held_out_of_training():
     assert all(len(v) == 0 for v in plain.client_val)
     again = build_federated_data(cfg, 10, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(again.client_val, data.client_val, strict=True))
+
+
+def test_the_default_synthetic_run_fits_its_split_and_a_misfit_is_refused_in_the_driver():
+    """``--dataset synthetic`` with every other setting at its default (100 clients, Dirichlet 0.1,
+    at least 10 samples a client) is a valid run; a synthetic set too small for its split is
+    refused by the driver's check, before any Ray or training, with the partition's sentence."""
+    from raysim.engine.experiment import resolve_config, validate
+
+    validate(resolve_config({"data": {"dataset": "synthetic"}}))
+    small = {"data": {"dataset": "synthetic", "synthetic": {"train_samples": 2000}}}
+    with pytest.raises(ConfigError, match=r"^The Dirichlet partition with alpha=0.1 left some client with fewer than 10"):
+        validate(resolve_config(small))

@@ -140,14 +140,16 @@ def test_an_availability_trace_repeats_over_its_span_and_says_when_someone_comes
 
 
 def test_a_device_trace_takes_seconds_or_a_speed_and_is_reused_past_its_clients(tmp_path):
-    f = tmp_path / "devices.csv"
-    f.write_text("client,seconds_per_sample,speed,down_mbps,up_mbps,latency_s\n0,0.004,,8,2,\n1,,3,16,4,0.2\n")
+    seconds, speed = tmp_path / "seconds.csv", tmp_path / "speed.csv"
+    seconds.write_text("client,seconds_per_sample,down_mbps,up_mbps,latency_s\n0,0.004,8,2,\n1,0.003,16,4,0.2\n")
+    speed.write_text("client,speed,down_mbps,up_mbps,latency_s\n0,4,8,2,\n1,3,16,4,0.2\n")
     base = Device(0.001, 1.0, 1.0, 0.05)
-    assert read_devices(str(f), base) == (
-        Device(0.004, 8 * MEGABIT, 2 * MEGABIT, 0.05),
-        Device(0.003, 16 * MEGABIT, 4 * MEGABIT, 0.2),
-    )
-    d = deployment(devices="trace", devices_file=str(f))
+    for f in (seconds, speed):
+        assert read_devices(str(f), base) == (
+            Device(pytest.approx(0.004), 8 * MEGABIT, 2 * MEGABIT, 0.05),
+            Device(pytest.approx(0.003), 16 * MEGABIT, 4 * MEGABIT, 0.2),
+        )
+    d = deployment(devices="trace", devices_file=str(speed))
     assert d.devices[2] == d.devices[0] and d.devices[5] == d.devices[1]
 
 
@@ -183,8 +185,8 @@ BASE = {"data.dataset": "synthetic", "model": "mlp_fcd", "clients": 8, "ray.exec
         ({"deployment.preset": "nowhere.yaml"}, "--deployment takes a YAML file or a registered deployment"),
         ({"deployment.seconds_per_sample": -1}, "deployment.seconds_per_sample must be at least 0"),
         ({"deployment.up_mbps": 0}, "deployment.up_mbps must be above 0, not 0."),
-        ({"eval.target": 1.5}, "eval.target must be at most 1, not 1.5."),
-        ({"eval.target": 0}, "eval.target must be above 0, not 0."),
+        ({"eval.target": 1.5}, "eval.target must be at most 1, not 1.5 (an accuracy is a fraction: 0.8 for 80%)."),
+        ({"eval.target": 0}, "eval.target must be above 0, not 0.0 (an accuracy is a fraction"),
         ({"eval.target_metric": "accuracy"}, "eval.target_metric"),
     ],
 )

@@ -85,6 +85,105 @@ def test_refused_before_ray_or_data(args, needle, tmp_path):
     assert_refused(args, needle, tmp_path)
 
 
+SMALL = ["--dataset", "synthetic", "--clients", "4"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        # a target on an accuracy the algorithm does not report: it could never be reached
+        (
+            ["--algo", "fedavg", "--set", "eval.target=0.8", "--set", "eval.target_metric=lm_ptest"],
+            "raysim: error: eval.target_metric=lm_ptest can never be reached: fedavg reports no lm_ptest as this "
+            "run is set (it has no personal models), only gm_gtest and gm_ptest; eval.updated_lm=true or "
+            "algo.ft_epochs > 0 gives it one.",
+        ),
+        (
+            ["--algo", "local", "--set", "eval.target=0.8", "--set", "eval.target_metric=gm_gtest"],
+            "local reports no gm_gtest as this run is set (it has no global model), only lm_ptest.",
+        ),
+        (
+            ["--algo", "fedavg", "--set", "eval.target=0.8", "--set", "eval.target_metric=updated_lm_ptest"],
+            "eval.target_metric=updated_lm_ptest needs eval.updated_lm=true",
+        ),
+        # a target metric without a target, a misspelt metric, and a target that is not a fraction
+        (
+            ["--algo", "fedavg", "--set", "eval.target_metric=gm_gtest "],
+            "eval.target_metric=gm_gtest is read only with eval.target (the accuracy to reach, a fraction: "
+            "eval.target=0.8 for 80%).",
+        ),
+        (
+            ["--set", "eval.target=0.8", "--set", "eval.target_metric=lm_ptst"],
+            "eval.target_metric is one of 'auto', ",
+        ),
+        (
+            ["--set", "eval.target=0.8", "--set", "eval.target_metric=gm_gtest_weighted"],
+            "not 'gm_gtest_weighted'.",
+        ),
+        (
+            ["--set", "eval.target=80"],
+            "eval.target must be at most 1, not 80.0 (an accuracy is a fraction: 0.8 for 80%).",
+        ),
+        (["--set", "eval.target=80%"], "eval.target must be a number, not '80%'."),
+        (["--set", "eval.target=nan"], "eval.target must be a number, not nan"),
+        (["--set", "eval.traget=0.8"], "Unknown setting eval.traget (known: "),
+    ],
+    ids=lambda v: " ".join(v[-3:]) if isinstance(v, list) else None,
+)
+def test_a_target_that_could_never_be_reached_is_refused(args, needle, tmp_path):
+    assert_refused([*SMALL, *args], needle, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        (
+            {"algo": "fedavg", "eval.target": 0.8, "eval.target_metric": "lm_ptest"},
+            "fedavg reports no lm_ptest",
+        ),
+        ({"algo": "fedavg", "eval.target_metric": "gm_gtest "}, "eval.target_metric is one of"),
+        ({"algo": "fedavg", "eval.target": "80%"}, "eval.target must be a number, not '80%'."),
+        (
+            {"algo": "local", "eval.target": 0.5, "eval.target_metric": "gm_ptest"},
+            "local reports no gm_ptest",
+        ),
+    ],
+)
+def test_the_api_refuses_the_same_targets(settings, needle):
+    from raysim.api import checked_experiment
+    from raysim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        checked_experiment(None, set={"data.dataset": "synthetic", "clients": 4, **settings})
+    assert needle in str(e.value) and str(e.value).endswith(".")
+
+
+def test_validate_refuses_a_config_object_whose_target_could_never_be_reached():
+    from raysim.api import checked_experiment
+    from raysim.config import replace
+    from raysim.engine.experiment import validate
+    from raysim.errors import ConfigError
+
+    cfg = checked_experiment(None, set={"algo": "fedavg", "data.dataset": "synthetic", "clients": 4}).cfg
+    with pytest.raises(ConfigError, match="fedavg reports no lm_ptest as this run is set"):
+        validate(replace(cfg, **{"eval.target": 0.8, "eval.target_metric": "lm_ptest"}))
+
+
+def test_a_target_the_run_reports_is_taken():
+    from raysim.api import checked_experiment
+
+    for algo, metric, more in [
+        ("fedavg", "lm_ptest", {"eval.updated_lm": True}),
+        ("fedavg", "lm_ptest", {"algo.ft_epochs": 1}),
+        ("fedavg", "gm_ptest", {}),
+        ("local", "lm_ptest", {}),
+        ("local", "auto", {}),
+    ]:
+        settings = {"data.dataset": "synthetic", "clients": 4, "algo": algo, "eval.target": 0.5, **more}
+        cfg = checked_experiment(None, set={**settings, "eval.target_metric": metric}).cfg
+        assert cfg.eval.target_metric == metric
+
+
 def test_a_data_dir_that_is_a_file(tmp_path):
     (tmp_path / "cifar.tar").write_bytes(b"not a directory")
     assert_refused(
