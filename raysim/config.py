@@ -247,6 +247,13 @@ class RayConfig:
     #: many seconds (0: none); the next run's actors start in them, without a process's start or
     #: (where the nodes were started with ``RAY_preload_python_modules=torch``) PyTorch's import
     prestart_s: float = setting(600.0, at_least=0)
+    #: a run in a Ray session it did not start (ray.init() by the caller, or a cluster it joined; not
+    #: a suite's trial) leaves its client-worker and server actors idle, holding their resources,
+    #: for the next run of this Python process with the same worker resources, which takes them as
+    #: they are instead of starting processes and importing PyTorch (about a second each): for
+    #: many runs in one process, e.g. a notebook's or a test session's. Off: each run's actors end
+    #: with it, freeing their CPUs and GPUs
+    reuse_workers: bool = False
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,11 @@ case "${1:-}" in
     "$VPY" -m ruff check raysim algorithms scripts tests
     "$VPY" -m mypy raysim algorithms
     # two test processes (pytest-xdist): most tests that start Ray wait on it, and the other
-    # process's tests use the time (RAYSIM_TEST_PROCESSES=0 runs them in this one)
-    exec "$VPY" -m pytest -q -n "${RAYSIM_TEST_PROCESSES:-2}" "$@" ;;
+    # process's tests use the time (RAYSIM_TEST_PROCESSES=0 runs them in this one); tests are
+    # handed out one at a time (--maxschedchunk 1): xdist's default first hands each process a
+    # quarter of its share, which put every long Ray test (sorted first) in one process while the
+    # other ran out of tests halfway
+    exec "$VPY" -m pytest -q -n "${RAYSIM_TEST_PROCESSES:-2}" --maxschedchunk 1 "$@" ;;
   lint)
     "$VPY" -m ruff check raysim algorithms scripts tests
     exec "$VPY" -m mypy raysim algorithms ;;

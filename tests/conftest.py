@@ -61,6 +61,9 @@ def tiny_config(tmp_path: Any = None, **changes: Any) -> ExperimentConfig:
         "train.lr": 0.05,
         "ray.executor": "serial",
         "ray.cpus_per_worker": 1,
+        # a Ray run on the session's Ray (the ray_local fixture) takes the actors the last one left
+        # (every test that starts Ray of its own starts its actors afresh)
+        "ray.reuse_workers": True,
         "output.progress": False,
         "output.tensorboard": False,
     }

@@ -135,7 +135,10 @@ def run_suite(
     base_cfg = configs[0]
     if address is not None:
         base_cfg = dataclasses.replace(base_cfg, ray=dataclasses.replace(base_cfg.ray, address=address))
+    from raysim.engine.executors.recovery import release_idle
+
     started = session.start_ray(base_cfg)
+    release_idle()  # actors runs of this process left idle (ray.reuse_workers) hold CPUs the trials need
     try:
         unfinished = _stage(suite, suite_dir, "tune", trials(suite), progress, max_concurrent)
         if suite.equal_compute is not None and not unfinished:

@@ -93,7 +93,7 @@ def test_a_config_error_raised_in_an_actor_reaches_the_driver_as_itself(ray_loca
     from raysim.engine.executors.actors import config_errors_first
     from raysim.errors import ConfigError
 
-    @ray.remote
+    @ray.remote(num_cpus=0)  # the session's CPUs may be held by actors a run left idle (ray.reuse_workers)
     def refuse() -> None:
         raise ConfigError("The model does not fit.")
 

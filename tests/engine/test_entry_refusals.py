@@ -351,13 +351,27 @@ def test_a_dataset_found_corrupt_while_ray_starts_stops_that_ray(tmp_path):
 
 @pytest.mark.ray
 def test_a_trial_refused_by_its_data_ends_the_suite_with_its_sentence(tmp_path):
-    """What only the data can tell (a partition that leaves clients too small) is found in the trial;
-    the suite then ends with that sentence and exit status 2, not a failure of Tune's, and no
-    traceback."""
-    args = ["--algo", "fedavg", "--dataset", "synthetic", "--clients", "100", "--rounds", "1", "--no-progress"]
-    proc, _ = run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args, "--out", str(tmp_path / "s")], tmp_path, 180)
+    """What only the data can tell (files found, then corrupt) is found in the trial; the suite then
+    ends with that sentence and exit status 2, not a failure of Tune's, and no traceback."""
+    plugin = tmp_path / "corrupt_dataset.py"
+    plugin.write_text(SLOW_CORRUPT)
+    args = ["--dataset", "corruptset", "--model", "mlp_fcd", "--clients", "4", "--rounds", "1", "--no-progress"]
+    args += ["--set", f"plugins=[{plugin}]", "--out", str(tmp_path / "s")]
+    proc, _ = run([sys.executable, str(ROOT / "scripts" / "sweep.py"), *args], tmp_path, 180)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("raysim: error: The Dirichlet partition with alpha=0.1 left some client"), last
+    assert proc.stderr.strip().splitlines()[-1] == "raysim: error: The file /data/corrupt/x.bin is corrupt."
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert any((tmp_path / "s" / "runs").glob("*/refused.txt"))  # refused in the trial, not before it
     assert_no_ray_left(tmp_path)
+
+
+def test_a_generated_dataset_its_split_cannot_fit_is_refused_before_ray_starts(tmp_path):
+    """A synthetic set too small for its split (100 clients at Dirichlet 0.1 with 10 samples each
+    from 2,000) is made and split as the driver checks it: one sentence before Ray, run or suite."""
+    args = ["--algo", "fedavg", "--dataset", "synthetic", "--clients", "100", "--rounds", "1", "--no-progress"]
+    args += ["--set", "data.synthetic.train_samples=2000"]
+    for script in ("run.py", "sweep.py"):
+        proc, _ = run([sys.executable, str(ROOT / "scripts" / script), *args, "--out", str(tmp_path / script)], tmp_path)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert_one_sentence(proc.stderr, "The Dirichlet partition with alpha=0.1 left some client with fewer than 10")
+        assert not any((ray_tmp(tmp_path) / "ray").glob("session_*")), script  # Ray never started

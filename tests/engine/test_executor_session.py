@@ -25,7 +25,9 @@ def test_runs_inside_a_ray_session_started_elsewhere_and_leaves_it_running(tmp_p
     address = ray.get_runtime_context().gcs_address
     cpus = ray.cluster_resources()["CPU"]
     serial = run_experiment(tiny_config(tmp_path / "s"))
-    result = run_experiment(tiny_config(tmp_path / "r", **{"ray.executor": "ray", "ray.workers": 2}))
+    # (ray.reuse_workers off, as by default: its actors end with it)
+    on_ray = {"ray.executor": "ray", "ray.workers": 2, "ray.reuse_workers": False}
+    result = run_experiment(tiny_config(tmp_path / "r", **on_ray))
     assert without_times(result.rows) == without_times(serial.rows)
     assert ray.is_initialized() and ray.get_runtime_context().gcs_address == address
     deadline = time.monotonic() + 30  # its actors are gone: their CPUs come back
@@ -242,3 +244,34 @@ def test_a_local_run_prints_only_raysims_lines_and_stays_on_loopback(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines and all(re.match(r"^\d\d:\d\d:\d\d INFO raysim\.", line) for line in lines), proc.stderr
     assert any("started local Ray at 127.0.0.1:" in line for line in lines), proc.stderr
+
+
+@pytest.mark.ray
+def test_runs_on_a_session_reuse_the_actors_the_last_run_left_and_give_its_numbers(tmp_path, ray_local):
+    """``ray.reuse_workers``: the next run of this process takes the last run's client-worker and
+    server actors as they are (the same processes), and gives the serial numbers, personal state
+    included (FedPer's heads live on the workers); a run that will not take them (the setting off)
+    kills them first, so their CPUs are its own, and leaves nothing behind."""
+    import ray
+
+    from raysim.engine.executors import recovery
+
+    def pids() -> set[int]:
+        return {ray.get(a.__ray_call__.remote(lambda self: os.getpid())) for v in recovery._IDLE.values() for a in v}
+
+    on = {"algo": "fedper", "ray.executor": "ray", "ray.workers": 2, "ray.reuse_workers": True}
+    serial = run_experiment(tiny_config(tmp_path / "serial", algo="fedper"))
+    first = run_experiment(tiny_config(tmp_path / "first", **on))
+    left = pids()
+    assert len(left) == 3  # two client workers and the server
+    second = run_experiment(tiny_config(tmp_path / "second", **on))
+    assert pids() == left  # the same processes again
+    assert without_times(first.rows) == without_times(second.rows) == without_times(serial.rows)
+    cpus = ray.cluster_resources()["CPU"]
+    off = run_experiment(tiny_config(tmp_path / "off", **{**on, "ray.reuse_workers": False}))
+    assert without_times(off.rows) == without_times(serial.rows)
+    assert pids() == set() and all(not v for v in recovery._IDLE.values())
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ray.available_resources().get("CPU", 0) == cpus

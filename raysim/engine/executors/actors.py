@@ -38,6 +38,17 @@ class ClientWorker:
 
         self.cfg, self.index = cfg, index
 
+    def reuse(self, cfg: ExperimentConfig, index: int) -> None:
+        """Become a new run's worker ``index`` (``ray.reuse_workers``): this run's data, runtimes,
+        job slots and clients' memories go, as if the actor had been constructed now; every
+        number a run computes comes from its own seeded streams and thread settings, so a reused
+        process gives a fresh one's numbers (the serial-against-Ray tests run on reused actors)."""
+        slots = getattr(self, "slots", None)
+        if slots is not None:
+            slots.close()
+        self.__dict__.clear()
+        self.__init__(cfg, index)  # type: ignore[misc]
+
     def setup(self, data: FederatedData) -> tuple[str, str]:
         """Build the runtimes on ``data`` (one per job slot, :mod:`~raysim.engine.executors.slots`);
         returns (torch device, Ray node id)."""
@@ -174,6 +185,11 @@ class ServerActor:
     def __init__(self, cfg: ExperimentConfig, stats: ClientStats) -> None:
         self.args = (cfg, stats)
         self._jobs: list[Job] = []
+
+    def reuse(self, cfg: ExperimentConfig, stats: ClientStats) -> None:
+        """Become a new run's server (``ray.reuse_workers``), as if constructed now."""
+        self.__dict__.clear()
+        self.__init__(cfg, stats)  # type: ignore[misc]
 
     def setup(self, init_weights: ModelWeights) -> str:
         """``init_weights`` comes here, not to the constructor: an actor whose constructor waits for

@@ -41,7 +41,7 @@ from raysim.engine.executors.evaluation import (
     validation_target,
 )
 from raysim.engine.executors.placement import lpt_assign
-from raysim.engine.executors.recovery import WorkerPool, server_get
+from raysim.engine.executors.recovery import WorkerPool, leave_idle, server_get, take_idle
 from raysim.engine.executors.schedule import (
     BatchCall,
     BatchesCall,
@@ -100,8 +100,13 @@ class RayExecutor:
         # the server starts from worker 0's seeded initial weights (an ObjectRef that Ray resolves
         # once worker 0 is set up); it needs no model, and so no PyTorch, of its own
         init_weights = self.pool.workers[0].initial_weights.remote()
-        server_cls: Any = ray.remote(ServerActor)
-        self.server = server_cls.options(num_cpus=0).remote(cfg, stats)
+        idle = take_idle("server", 0, 0) if cfg.ray.reuse_workers else None
+        if idle is not None:
+            idle.reuse.remote(cfg, stats)
+            self.server: Any = idle
+        else:
+            server_cls: Any = ray.remote(ServerActor)
+            self.server = server_cls.options(num_cpus=0).remote(cfg, stats)
         server_setup = self.server.setup.remote(init_weights)
         placed: list[tuple[str, str]] = config_errors_first(setups)
         [self.server_node] = config_errors_first([server_setup])  # e.g. a model too small for FedDr+'s ETF
@@ -354,8 +359,13 @@ class RayExecutor:
         import ray
 
         try:
-            self.pool.shutdown()
-            ray.kill(self.server)
+            # ray.reuse_workers in a session this run did not start: the actors wait for the next run
+            keep = self.cfg.ray.reuse_workers and not self.owns_ray
+            self.pool.shutdown(keep)
+            if keep:
+                leave_idle("server", 0, 0, [self.server])
+            else:
+                ray.kill(self.server)
             if self.owns_ray and self.cfg.ray.prestart_s > 0 and session.joined_cluster():
                 # the next run on this cluster starts its actors in processes started now
                 hosted = Counter([*self.nodes, self.server_node])

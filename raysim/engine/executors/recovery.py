@@ -26,6 +26,82 @@ from raysim.errors import RunAborted
 log = logging.getLogger(__name__)
 
 
+#: actors that finished runs left for the next run of this process (``ray.reuse_workers``), by
+#: :func:`_idle_key`
+_IDLE: dict[tuple[Any, ...], list[Any]] = {}
+#: how long a finished run's actors may take to answer before they are killed instead of kept
+IDLE_PING_S = 5.0
+
+
+def _idle_key(kind: str, cpus: float, gpus: float) -> tuple[Any, ...] | None:
+    """The key of ``kind``'s idle actors with these resources in this process's Ray session (its
+    driver's node and job: a new session's are other actors), or None where none are kept: no
+    session, or inside a placement group (a suite's trial takes only what it was given)."""
+    import ray
+
+    if not ray.is_initialized() or ray.util.get_current_placement_group() is not None:
+        return None
+    ctx = ray.get_runtime_context()
+    return (ctx.get_node_id(), ctx.get_job_id(), kind, float(cpus), float(gpus))
+
+
+def take_idle(kind: str, cpus: float, gpus: float) -> Any | None:
+    """An idle actor of ``kind`` with these resources, left by an earlier run, or None."""
+    key = _idle_key(kind, cpus, gpus)
+    actors = _IDLE.get(key) if key is not None else None
+    return actors.pop() if actors else None
+
+
+def drop_idle(cfg: ExperimentConfig, workers: int) -> None:
+    """Before a run's actors start: kill the idle actors of this session that it will not take
+    (every one without ``ray.reuse_workers``; with it, those of other resources and those beyond
+    its ``workers``), whose resources its own actors may need."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    ours = _idle_key("client", cfg.ray.cpus_per_worker, cfg.ray.gpus_per_worker) if cfg.ray.reuse_workers else None
+    server = _idle_key("server", 0, 0) if cfg.ray.reuse_workers else None
+    for key, actors in list(_IDLE.items()):
+        keep = workers if key == ours else 1 if key == server else 0
+        for a in actors[keep:]:
+            ray.kill(a)
+        del actors[keep:]
+
+
+def release_idle() -> None:
+    """Kill every idle actor (before work that needs the session's resources otherwise: a suite's
+    trials, in placement groups of their own)."""
+    import ray
+
+    for actors in _IDLE.values():
+        for a in actors:
+            ray.kill(a)
+        actors.clear()
+
+
+def leave_idle(kind: str, cpus: float, gpus: float, actors: Sequence[Any]) -> None:
+    """Keep the ``actors`` that answer a ping within :data:`IDLE_PING_S` for the next run; kill the
+    others (dead, or stuck in a task), and all of them where none may be kept."""
+    import ray
+
+    key = _idle_key(kind, cpus, gpus)
+    alive: list[Any] = []
+    if key is not None and actors:
+        pings = {a.ping.remote(): a for a in actors}
+        ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=IDLE_PING_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+                alive.append(pings[ref])
+            except ray.exceptions.RayError:
+                pass
+        _IDLE.setdefault(key, []).extend(alive)
+    for a in actors:
+        if not any(a is k for k in alive):
+            ray.kill(a)
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
@@ -58,6 +134,7 @@ class WorkerPool:
         self.home: list[int] = []
         self.restarts = 0
         self._cls: Any = ray.remote(ClientWorker)
+        drop_idle(cfg, num_workers)
         self.workers: list[Any] = [self._new_worker(i) for i in range(num_workers)]
         #: client -> ref of a dict holding its latest memory: of this round so far, and of the
         #: last completed round
@@ -76,6 +153,11 @@ class WorkerPool:
             if group is not None
             else "SPREAD"
         )
+        if self.cfg.ray.reuse_workers:
+            idle = take_idle("client", self.cfg.ray.cpus_per_worker, self.cfg.ray.gpus_per_worker)
+            if idle is not None:
+                idle.reuse.remote(self.cfg, index)  # before any call of this run: an actor's calls run in order
+                return idle
         return self._cls.options(
             num_cpus=self.cfg.ray.cpus_per_worker,
             num_gpus=self.cfg.ray.gpus_per_worker,
@@ -170,11 +252,15 @@ class WorkerPool:
             except ray.exceptions.RayError as e:
                 self.recover(e, server)
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep: bool = False) -> None:
+        """Kill the workers, or (``keep``) leave those alive idle for the next run."""
         import ray
 
+        if keep:
+            leave_idle("client", self.cfg.ray.cpus_per_worker, self.cfg.ray.gpus_per_worker, self.workers)
+            return
         for w in self.workers:
             ray.kill(w)
 
 
-__all__ = ["WorkerPool", "first_line", "server_get"]
+__all__ = ["WorkerPool", "drop_idle", "first_line", "leave_idle", "release_idle", "server_get", "take_idle"]
