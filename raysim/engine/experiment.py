@@ -156,6 +156,7 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     cfg = apply_preset(cfg)  # a config object's --deployment (one from settings has it resolved)
     _check_training(cfg)
     _check_ray(cfg)
+    _check_output(cfg)
     check_deployment(cfg)
     EXECUTORS.get(cfg.ray.executor)
     info = _check_data(cfg)
@@ -189,6 +190,20 @@ def _check_training(cfg: ExperimentConfig) -> None:
     with it in raysim/config.py and checked as the config is built)."""
     if any(not 0 < m < 1 for m in cfg.train.lr_milestones):
         raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
+
+
+def _check_output(cfg: ExperimentConfig) -> None:
+    """A run directory given (``output.out``) is one, or can be made: neither it nor a folder
+    above it is a file."""
+    if not cfg.output.out:
+        return
+    path = Path(cfg.output.out).expanduser()
+    for above in (path, *path.parents):
+        if above.exists():
+            if not above.is_dir():
+                where = "is a file" if above == path else f"cannot be made: {above} is a file"
+                raise ConfigError(f"The run directory {cfg.output.out} {where}, not a directory.")
+            return
 
 
 def _check_ray(cfg: ExperimentConfig) -> None:

@@ -221,6 +221,11 @@ def run_experiment(
     cfg = exp.cfg
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
+    if resume is None and cfg.output.out and (Path(cfg.output.out).expanduser() / "summary.json").exists():
+        raise ConfigError(
+            f"The run directory {cfg.output.out} holds a finished run; give another --out, or go on "
+            f"with it by --resume {cfg.output.out} --rounds N."
+        )
     run_dir = default_run_dir(cfg)
     picture = SideWork(picture_partition(cfg, run_dir))
     try:

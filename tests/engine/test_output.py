@@ -146,3 +146,25 @@ def test_processes_claiming_one_name_at_once_get_one_directory_each(tmp_path):
     with multiprocessing.get_context("spawn").Pool(8) as pool:
         got = pool.map(_claim, [(str(tmp_path), "run")] * 8)
     assert sorted(got) == sorted(str(tmp_path / n) for n in ["run", *(f"run-{i}" for i in range(2, 9))])
+
+
+def test_a_run_directory_that_is_a_file_or_holds_a_finished_run_is_refused_before_any_work(tmp_path):
+    """--out naming a file, or a folder under one, is refused by the driver's check; a new run into
+    a finished run's directory is refused too (it would overwrite that run's tables), which is left
+    as it was; --resume goes on with it."""
+    from raysim.engine.experiment import validate
+    from raysim.engine.runner import run_experiment
+    from raysim.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"^The run directory .*afile is a file, not a directory\.$"):
+        validate(tiny_config(tmp_path / "afile"))
+    with pytest.raises(ConfigError, match=r"^The run directory .*afile/run cannot be made: .*afile is a file"):
+        validate(tiny_config(tmp_path / "afile" / "run"))
+    done = run_experiment(tiny_config(tmp_path / "run", rounds=1))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=r"holds a finished run; give another --out, or go on with it by --resume"):
+        run_experiment(tiny_config(tmp_path / "run", rounds=1, seed=9))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    assert done.rows
