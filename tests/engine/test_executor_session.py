@@ -275,3 +275,20 @@ def test_runs_on_a_session_reuse_the_actors_the_last_run_left_and_give_its_numbe
     while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ray.available_resources().get("CPU", 0) == cpus
+
+
+@pytest.mark.ray
+def test_an_idle_actor_that_died_is_passed_over_for_a_new_one(tmp_path, ray_local):
+    """An actor left idle that dies before the next run (killed for memory, say) is not taken: the
+    run starts a new one in its place and gives the serial numbers."""
+    import ray
+
+    from raysim.engine.executors import recovery
+
+    on = {"ray.executor": "ray", "ray.workers": 2, "ray.reuse_workers": True}
+    serial = run_experiment(tiny_config(tmp_path / "serial"))
+    run_experiment(tiny_config(tmp_path / "first", **on))
+    (clients,) = [v for k, v in recovery._IDLE.items() if k[2] == "client" and v]
+    ray.kill(clients[-1], no_restart=True)
+    again = run_experiment(tiny_config(tmp_path / "again", **on))
+    assert without_times(again.rows) == without_times(serial.rows)

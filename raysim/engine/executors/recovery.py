@@ -46,10 +46,20 @@ def _idle_key(kind: str, cpus: float, gpus: float) -> tuple[Any, ...] | None:
 
 
 def take_idle(kind: str, cpus: float, gpus: float) -> Any | None:
-    """An idle actor of ``kind`` with these resources, left by an earlier run, or None."""
+    """An idle actor of ``kind`` with these resources, left by an earlier run and still alive (one
+    that died while idle, e.g. killed for memory, is passed over), or None."""
+    import ray
+
     key = _idle_key(kind, cpus, gpus)
     actors = _IDLE.get(key) if key is not None else None
-    return actors.pop() if actors else None
+    while actors:
+        actor = actors.pop()
+        try:
+            ray.get(actor.ping.remote(), timeout=IDLE_PING_S)
+            return actor
+        except (ray.exceptions.RayError, TimeoutError):
+            ray.kill(actor)
+    return None
 
 
 def drop_idle(cfg: ExperimentConfig, workers: int) -> None:
