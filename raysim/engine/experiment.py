@@ -163,8 +163,6 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
-    if cfg.eval.target_metric == "updated_lm_ptest" and not cfg.eval.updated_lm:
-        raise ConfigError("eval.target_metric=updated_lm_ptest needs eval.updated_lm=true (it is that setting's column).")
     check_target(cfg, cls)
     if cfg.eval.updated_lm and cfg.train.batch_clients > 1 and cls.evaluates_personal(cfg):
         raise ConfigError(

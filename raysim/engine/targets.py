@@ -40,8 +40,6 @@ def _why_not(metric: str, algorithm: type[AlgorithmHooks]) -> tuple[str, str]:
     """Why a run does not report ``metric``, and the settings that would make it report one (or "")."""
     if metric.startswith("gm_"):
         return "it has no global model", ""
-    if metric == "updated_lm_ptest":
-        return "eval.updated_lm is off", "; eval.updated_lm=true gives it one"
     fine_tune = " or algo.ft_epochs > 0" if FineTune.of(algorithm) is not None else ""
     return "it has no personal models", f"; eval.updated_lm=true{fine_tune} gives it one"
 
@@ -53,6 +51,8 @@ def check_target(cfg: ExperimentConfig, algorithm: type[AlgorithmHooks]) -> None
     if not given and cfg.eval.target is None:
         return
     metric = target_metric(cfg, algorithm)
+    if metric == "updated_lm_ptest" and not cfg.eval.updated_lm:
+        raise ConfigError("eval.target_metric=updated_lm_ptest needs eval.updated_lm=true (it is that setting's column).")
     reported = reported_metrics(cfg, algorithm)
     if metric not in reported:
         setting = f"eval.target_metric={metric}" if given else f"eval.target (on {metric}, its default)"

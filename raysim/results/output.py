@@ -9,7 +9,6 @@ the algorithm's own scalars).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import sys
@@ -64,14 +63,14 @@ def claim_run_dir(parent: Path, name: str) -> Path:
     sharing the folder, gets a directory of its own. Creating a directory is atomic on a local
     file system and on NFS, so of two runs that try one name, exactly one gets it."""
     parent.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):
+    n = 1
+    while True:
         path = parent / (name if n == 1 else f"{name}-{n}")
         try:
             path.mkdir()
+            return path
         except FileExistsError:
-            continue
-        return path
-    raise AssertionError("unreachable")  # itertools.count never ends
+            n += 1
 
 
 class TableWriter(BaseCallback):

@@ -343,12 +343,13 @@ def make_suite(
     if scheduler is not None:
         _check_objective(scheduler.metric, scheduler.mode, "schedule")
         _check_scheduler(scheduler.name, None)
-    for trial in trials(suite):
-        trial_experiment(trial, Path("."))  # every trial validates now, not after hours of others
+    # every trial validates now, not after hours of others
+    checked = [(trial, trial_experiment(trial, Path("."))) for trial in trials(suite)]
     if search is not None:
         _check_sampled(suite)
+        _check_reported(checked, search.metric, "search")
     if scheduler is not None:
-        _check_reported(suite, scheduler.metric, "schedule")
+        _check_reported(checked, scheduler.metric, "schedule")
     if equal_compute is not None:
         pair = {**base_for(suite.base, equal_compute.settings), **equal_compute.settings}
         trial_experiment(Trial(equal_compute.name, suite.seeds[0], pair), Path("."))
@@ -521,22 +522,25 @@ def _check_sampled(suite: Suite) -> None:
         for key, text in suite.search.space.items():
             for value in range_ends(*parse_range(key, text)):
                 trial_experiment(trial, Path("."), {key: value})
-    _check_reported(suite, suite.search.metric, "search")
 
 
-def _check_reported(suite: Suite, metric: str, verb: str) -> None:
-    """Every trial reports ``metric`` at each evaluation (Tune fails a trial whose result lacks
-    the metric it optimises): the global model's only where there is one, the local models' only
-    where they are evaluated (or updated_lm reads them), updated_lm_ptest only with eval.updated_lm."""
-    for trial in trials(suite):
-        exp = trial_experiment(trial, Path("."))
-        cfg, algorithm = exp.cfg, exp.algorithm
-        if metric.startswith("gm_") and not algorithm.has_global_model:
+def _check_reported(checked: Sequence[tuple[Trial, Experiment]], metric: str, verb: str) -> None:
+    """Every trial (with its validated experiment) reports ``metric`` at each evaluation (Tune fails
+    a trial whose result lacks the metric it optimises): an accuracy, or its weighted mean, only
+    where the run fills its column (:func:`raysim.engine.targets.reported_metrics`); train_loss always."""
+    from raysim.engine.targets import reported_metrics
+    from raysim.results.metrics import METRICS
+
+    column = metric.removesuffix("_weighted")
+    for trial, exp in checked:
+        cfg = exp.cfg
+        if column not in METRICS or column in reported_metrics(cfg, exp.algorithm):
+            continue
+        if column.startswith("gm_"):
             raise ConfigError(f"{cfg.algo} has no global model, so its trials report no {metric} to {verb} on.")
-        if metric.startswith("updated_lm_") and not cfg.eval.updated_lm:
+        if column.startswith("updated_lm_"):
             raise ConfigError(f"{metric} is reported only with eval.updated_lm=true, which {trial.name} does not set.")
-        if metric.startswith("lm_") and not (algorithm.evaluates_personal(cfg) or cfg.eval.updated_lm):
-            raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to {verb} on.")
+        raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to {verb} on.")
 
 
 def trials(suite: Suite) -> list[Trial]:

@@ -16,7 +16,7 @@ actor without its clients' memories, and the numbers would change silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from raysim.config import ExperimentConfig
@@ -66,28 +66,30 @@ def drop_idle(cfg: ExperimentConfig, workers: int) -> None:
     """Before a run's actors start: kill the idle actors of this session that it will not take
     (every one without ``ray.reuse_workers``; with it, those of other resources and those beyond
     its ``workers``), whose resources its own actors may need."""
-    import ray
-
-    if not ray.is_initialized():
-        return
-    ours = _idle_key("client", cfg.ray.cpus_per_worker, cfg.ray.gpus_per_worker) if cfg.ray.reuse_workers else None
-    server = _idle_key("server", 0, 0) if cfg.ray.reuse_workers else None
-    for key, actors in list(_IDLE.items()):
-        keep = workers if key == ours else 1 if key == server else 0
-        for a in actors[keep:]:
-            ray.kill(a)
-        del actors[keep:]
+    keep: dict[tuple[Any, ...] | None, int] = {}
+    if cfg.ray.reuse_workers:
+        keep[_idle_key("client", cfg.ray.cpus_per_worker, cfg.ray.gpus_per_worker)] = workers
+        keep[_idle_key("server", 0, 0)] = 1
+    _trim_idle(keep)
 
 
 def release_idle() -> None:
     """Kill every idle actor (before work that needs the session's resources otherwise: a suite's
     trials, in placement groups of their own)."""
+    _trim_idle({})
+
+
+def _trim_idle(keep: Mapping[tuple[Any, ...] | None, int]) -> None:
+    """Kill the idle actors of each key beyond the first ``keep[key]`` (0 for a key not given)."""
     import ray
 
-    for actors in _IDLE.values():
-        for a in actors:
+    if not ray.is_initialized():
+        return
+    for key, actors in _IDLE.items():
+        n = keep.get(key, 0)
+        for a in actors[n:]:
             ray.kill(a)
-        actors.clear()
+        del actors[n:]
 
 
 def leave_idle(kind: str, cpus: float, gpus: float, actors: Sequence[Any]) -> None:
