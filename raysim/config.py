@@ -178,10 +178,21 @@ class DeploymentConfig:
     #: (always, bernoulli:P, diurnal[:MEAN], trace)
     availability: str = "always"
     availability_file: str | None = None  # availability=trace: per client, its intervals of availability
+    #: availability=diurnal: the period of its swing, in simulated hours (sim_time_s, not rounds)
+    diurnal_period_h: float = setting(24.0, above=0)
+    #: availability=diurnal: time zones, evenly spaced over the period: zone z's phase is z/Z of a
+    #: period ahead of zone 0's, as a zone z/Z of a day to the east (its clients peak that much earlier)
+    time_zones: int = setting(1, at_least=1)
+    #: availability=diurnal: each zone's share of the clients, summing to 1 (None: equal); zones hold
+    #: contiguous blocks of client ids in this order
+    zone_shares: tuple[float, ...] | None = None
     #: each sampled client's update is lost with this probability (it never starts its work)
     dropout: float = setting(0.0, at_least=0, below=1)
-    #: how much of its local work a client does: KIND or KIND:PARAM of
-    #: raysim.registry.COMPLETENESS (full, uniform:F: a fraction drawn from U[F, 1] of each pass's steps)
+    #: how much of its local work a sampled client does in a training round (evaluation-time
+    #: fine-tuning and adaptation always run whole): KIND, KIND:PARAM or KIND:P:F of
+    #: raysim.registry.COMPLETENESS (full; uniform:F: every client a share drawn from U[F, 1] of each
+    #: training pass's steps; stragglers:P:F: FedProx's, each client with probability P a straggler
+    #: doing a share drawn from U[F, 1], the rest all of it)
     completeness: str = "full"
     #: each client's device: KIND or KIND:PARAM of raysim.registry.DEVICES (ideal: no time;
     #: fixed: the base device below; lognormal:SIGMA: the base scaled per client; trace)
@@ -206,9 +217,16 @@ class DeploymentConfig:
     #: async: updates a server step aggregates (at most ``concurrency``); None: half the clients in
     #: flight (at least 1), so that a step waits for the faster half (our choice)
     buffer: int | None = setting(None, at_least=1)
-    #: async: each update's weight s(tau), tau the server steps since it started: constant (1) or
-    #: polynomial (1 / sqrt(1 + tau), the paper's)
-    staleness: Literal["constant", "polynomial"] = "polynomial"
+    #: async: each update's weight s(tau), tau the server steps since it started: constant (1),
+    #: polynomial[:A] ((1 + tau)^-A, A = 0.5 by default: FedBuff's 1 / sqrt(1 + tau)) or
+    #: hinge[:A:B] (1 while tau <= B, then 1 / (A (tau - B) + 1); Xie et al. 2019)
+    staleness: str = "polynomial"
+    #: async: an update that arrives more than this many server steps after its client started is
+    #: dropped (FLSim's and FedScale's max staleness); None: none is
+    max_staleness: int | None = setting(None, at_least=0)
+    #: stop the run once the simulated clock reaches this many seconds (``--sim-time``), so that
+    #: runs compare at equal simulated time; ``rounds`` is then an upper bound. None: no budget
+    time_budget_s: float | None = setting(None, above=0)
 
     @property
     def ideal(self) -> bool:

@@ -53,6 +53,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
         str,
         "a simulated deployment: a YAML file of deployment.* settings, or one of {deployments}",
     ),
+    "sim_time": (
+        "deployment.time_budget_s",
+        float,
+        "stop once the simulated clock reaches this many seconds (deployment.time_budget_s; --rounds is then a cap)",
+    ),
     "checkpoint_every": (
         "output.checkpoint_every",
         int,

@@ -37,6 +37,14 @@ class RoundStats:
     sim_duration_s: float = 0.0
     lost: int = 0
     late: int = 0
+    #: the server's simulated clock at the round's end (its one clock: raysim.engine.server)
+    sim_clock_s: float = 0.0
+    #: async mode: the round is not done; the executor trains the server's next plan (a wave of the
+    #: round's event simulation, raysim.engine.buffered) and aggregates again
+    pending: bool = False
+    #: async mode: the clients whose memory the step's arrivals changed (the server's
+    #: ``take_commits`` holds them, for their workers)
+    commits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

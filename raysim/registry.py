@@ -291,7 +291,7 @@ def dataset_info(cfg: DataConfig) -> DatasetInfo:
 class Param:
     """The parameter of a partition or test mode: its kind, its default and what it means."""
 
-    kind: str  # none | positive | whole | percent | fraction
+    kind: str  # none | positive | whole | percent | fraction | share
     default: float | None = None  # None with a kind other than none: the parameter must be given
     meaning: str = ""  # e.g. "concentration alpha", for messages
 
@@ -317,6 +317,7 @@ class Param:
             "whole": value < 1 or not value.is_integer(),
             "percent": not 0 <= value <= 100,
             "fraction": not 0 < value < 1,
+            "share": not 0 < value <= 1,
         }
         if bad[self.kind]:
             raise ConfigError(f"The {name} {what}'s {self.meaning} must be {_RANGE[self.kind]}, not {text}.")
@@ -330,13 +331,49 @@ class Param:
         return f"{name}:{letter}" if self.default is None else f"{name}[:{letter}]"
 
 
-_EXAMPLE = {"positive": "0.1", "whole": "2", "percent": "20", "fraction": "0.25"}
+_EXAMPLE = {"positive": "0.1", "whole": "2", "percent": "20", "fraction": "0.25", "share": "0.5"}
 _RANGE = {
     "positive": "positive",
     "whole": "a whole number of at least 1",
     "percent": "a percentage (0 to 100)",
     "fraction": "in (0, 1)",
+    "share": "in (0, 1]",
 }
+
+
+@dataclass(frozen=True)
+class ParamPair:
+    """Two parameters, both needed, written ``KIND:A:B`` (e.g. ``stragglers:0.5:0.25``): each
+    checked as its :class:`Param`; parsed to the pair ``(A, B)``."""
+
+    first: Param
+    second: Param
+    example: str  # e.g. "0.5:0.25", for messages
+
+    def parse(self, what: str, name: str, text: str, full: str) -> tuple[float, float]:
+        """As :meth:`Param.parse`, for ``text`` = ``A:B``."""
+        a, b = self.first.meaning, self.second.meaning
+        parts = [part.strip() for part in text.split(":")] if text else []
+        if len(parts) > 2:
+            raise ConfigError(
+                f"The {name} {what} takes two parameters ({a} and {b}), not {len(parts)}: {full!r}."
+            )
+        first, second = [*parts, "", ""][:2]
+        e = f"e.g. {name}:{self.example}"
+        if not first and not second:
+            raise ConfigError(f"The {name} {what} needs its {a} and {b}, {e}.")
+        if not second:
+            raise ConfigError(f"The {name} {what} needs its {b} after its {a}, {e}.")
+        if not first:
+            raise ConfigError(f"The {name} {what} needs its {a} before its {b}, {e}.")
+        x, y = self.first.parse(what, name, first, full), self.second.parse(what, name, second, full)
+        assert x is not None and y is not None
+        return x, y
+
+    def usage(self, name: str) -> str:
+        """How it is written, e.g. ``stragglers:P:F``."""
+        letters = (p.meaning.split()[-1][0].upper() for p in (self.first, self.second))
+        return ":".join([name, *letters])
 
 
 @dataclass(frozen=True)
@@ -453,14 +490,17 @@ TEST_MODES.register(
 
 @dataclass(frozen=True)
 class KindSpec:
-    """A parsed ``KIND`` or ``KIND:PARAM`` of a registry of parametrised kinds (``data.partition``,
-    ``data.test_mode``)."""
+    """A parsed ``KIND``, ``KIND:PARAM`` or ``KIND:A:B`` (a :class:`ParamPair`'s) of a registry of
+    parametrised kinds (``data.partition``, ``data.test_mode``, ``deployment.completeness``)."""
 
     kind: str
-    param: float | None = None
+    param: float | tuple[float, float] | None = None
 
     def __str__(self) -> str:
-        return self.kind if self.param is None else f"{self.kind}:{self.param:g}"
+        if self.param is None:
+            return self.kind
+        values = self.param if isinstance(self.param, tuple) else (self.param,)
+        return ":".join([self.kind, *(f"{v:g}" for v in values)])
 
 
 PartitionSpec = KindSpec
@@ -569,15 +609,17 @@ class DeploymentKind:
     :mod:`raysim.deployment.model`)."""
 
     make: Ref
-    param: Param
+    param: Param | ParamPair
     description: str
 
 
-#: ``make(param, deployment_config)`` -> ``online(seed, rnd, client, now_s)``, ``next_online_s(now_s)``
+#: ``make(param, deployment_config, num_clients)`` -> ``online(seed, rnd, client, now_s)``,
+#: ``next_online_s(now_s)``
 AVAILABILITY: Registry[DeploymentKind] = Registry("availability")
 #: ``make(param, deployment_config, seed, num_clients)`` -> one Device per client
 DEVICES: Registry[DeploymentKind] = Registry("device model")
-#: ``make(param)`` -> ``fraction(seed, rnd, client)``, the share of each pass's steps a client does
+#: ``make(param)`` -> ``fraction(seed, rnd, client)``, the share of each training pass's steps a
+#: client does in a training round (evaluation-time work is never cut)
 COMPLETENESS: Registry[DeploymentKind] = Registry("completeness")
 #: named deployments: name -> ``deployment.*`` settings (without the prefix)
 DEPLOYMENTS: Registry[Mapping[str, Any]] = Registry("deployment")
@@ -597,7 +639,9 @@ AVAILABILITY.register(
     DeploymentKind(
         _D + "diurnal",
         Param("fraction", 0.5, "mean share M"),
-        "with probability M + 0.8 min(M, 1-M) sin(2 pi (round/24 + phase)), a phase per client",
+        "with probability M + A sin(2 pi (t/(deployment.diurnal_period_h h) + z/Z)), A = 0.8 min(M, 1-M), "
+        "t the simulated time, a phase per time zone z of deployment.time_zones Z; the federation's share "
+        "swings by A |sum_z share_z exp(2 pi i z/Z)| (one zone: A; equal shares over the zones: none)",
     ),
 )
 AVAILABILITY.register(
@@ -627,7 +671,19 @@ COMPLETENESS.register(
     DeploymentKind(
         _D + "uniform",
         Param("fraction", 0.5, "least share F"),
-        "each client each round does a share drawn from U[F, 1] of each training pass's steps",
+        "every sampled client each round does a share drawn from U[F, 1] of each training pass's steps",
+    ),
+)
+COMPLETENESS.register(
+    "stragglers",
+    DeploymentKind(
+        _D + "stragglers",
+        ParamPair(
+            Param("share", None, "straggler share P"), Param("share", None, "least share F"), "0.5:0.25"
+        ),
+        "FedProx's stragglers (Li et al. 2020, Sec. 5.2): each sampled client each round is one with "
+        "probability P, doing a share drawn from U[F, 1] of each training pass's steps; the rest do "
+        "all theirs",
     ),
 )
 DEPLOYMENTS.register("ideal", {})  # no time, no failures: a run without a deployment
@@ -655,6 +711,7 @@ __all__ = [
     "ModelEntry",
     "PARTITIONS",
     "Param",
+    "ParamPair",
     "PartitionEntry",
     "PartitionSpec",
     "Registry",

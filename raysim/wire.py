@@ -56,6 +56,9 @@ class ClientResult:
     analysis: dict[str, float | None] | None = None
     #: ``eval.updated_lm``: the updated local model's correct predictions on the client's P-Test
     lm_correct: int | None = None
+    #: async mode: the client's memory as this update left it (its memory on the worker is left as
+    #: it was), written when the update arrives (raysim.engine.buffered); None: unchanged
+    memory: Any = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class JobResult:
     #: each block of a round summed on the workers (raysim.capabilities.presum); those jobs' results
     #: then carry no weights
     presum: ModelWeights | None = None
+    #: async mode, for an algorithm that weighs stale uploads itself (``Asynchronous(rebase=False)``):
+    #: the server steps since the update's client started
+    staleness: int = 0
 
     @property
     def final(self) -> ClientResult:

@@ -3,9 +3,13 @@
 FedScale's trace is a pickle of ``{client_id: {"computation": ms, "communication": kbps, ...}}``
 (optionally with ``dl_kbps`` and ``ul_kbps``). FedScale times a client's training as
 ``3 * batch_size * steps * computation / 1000`` seconds (the factor 3 for the forward and backward
-passes) and its transfers as kilobits over ``communication`` kilobits a second, both ways. So a
-client's ``seconds_per_sample`` is ``3 * computation / 1000``, and its bandwidths ``dl_kbps`` and
-``ul_kbps`` (else ``communication``) divided by 1,000 in megabits a second.
+passes) and its transfers as kilobits over ``communication`` kilobits a second, both ways
+(``fedscale/cloud/internal/client_metadata.py``, ``ClientMetadata.get_completion_time``). Its
+kilobit is 1,024 bits: the model's size is ``sys.getsizeof(pickle.dumps(model)) / 1024.0 * 8``
+kilobits (``fedscale/cloud/aggregation/aggregator.py``, ``Aggregator.run``). So a client's
+``seconds_per_sample`` is ``3 * computation / 1000``, and its bandwidths ``dl_kbps`` and
+``ul_kbps`` (else ``communication``) times 1,024 / 1,000,000 in megabits a second (1,000 kbit/s is
+1.024 Mbit/s).
 
     python scripts/fedscale_devices.py client_device_capacity devices.csv
     python scripts/run.py --set deployment.devices=trace --set deployment.devices_file=devices.csv ...
@@ -28,6 +32,7 @@ from raysim.errors import ConfigError  # noqa: E402
 
 FIELDS = ("client", "seconds_per_sample", "down_mbps", "up_mbps")
 SHAPE = "a pickle of {client_id: {'computation': ms, 'communication': kbps}}"
+BITS_PER_KBIT = 1024  # FedScale's kilobit (see the module docstring)
 
 
 def read_trace(path: str) -> dict[Any, Any]:
@@ -99,13 +104,14 @@ def convert(trace: Mapping[Any, Any]) -> list[dict[str, Any]]:
         if missing:
             raise ConfigError(f"Client {key!r}'s device has no {' and no '.join(missing)} ({SHAPE}).")
         both = _value(dev, "communication", key, positive=True)
+        down = _value(dev, "dl_kbps", key, positive=True) if "dl_kbps" in dev else both
+        up = _value(dev, "ul_kbps", key, positive=True) if "ul_kbps" in dev else both
         rows.append(
             {
                 "client": i,
                 "seconds_per_sample": 3 * _value(dev, "computation", key, positive=False) / 1000,
-                "down_mbps": (_value(dev, "dl_kbps", key, positive=True) if "dl_kbps" in dev else both)
-                / 1000,
-                "up_mbps": (_value(dev, "ul_kbps", key, positive=True) if "ul_kbps" in dev else both) / 1000,
+                "down_mbps": down * BITS_PER_KBIT / 1e6,
+                "up_mbps": up * BITS_PER_KBIT / 1e6,
             }
         )
     return rows

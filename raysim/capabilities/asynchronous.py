@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from raysim.capabilities.declared import Capability
+from raysim.errors import ConfigError
 from raysim.weights import ModelWeights
 
 
@@ -33,6 +34,10 @@ class Asynchronous(Capability):
     Asynchronous()``), or why it cannot (``Asynchronous(why_not="...")``, one sentence)."""
 
     why_not: str = ""
+    #: the server rebases each stale upload onto the current model (``w + s(tau) (w_k - w_start)``)
+    #: before the algorithm's aggregate; False: the uploads come as they were trained, each
+    #: ``JobResult.staleness`` set, and the algorithm weighs them itself (FedAsync's mixing)
+    rebase: bool = True
 
     @property
     def possible(self) -> bool:
@@ -54,9 +59,55 @@ NO_ASYNC = Asynchronous(
 )
 
 
-def staleness_weight(tau: int, kind: Literal["constant", "polynomial"]) -> float:
-    """s(tau): 1, or the paper's polynomial 1 / sqrt(1 + tau)."""
-    return 1.0 if kind == "constant" else 1.0 / math.sqrt(1.0 + tau)
+@dataclass(frozen=True)
+class Staleness:
+    """An update's weight s(tau), tau the server steps since its client started
+    (``deployment.staleness``):
+
+    - ``constant``: 1;
+    - ``polynomial[:A]``: (1 + tau)^-A (Xie et al. 2019, "Asynchronous Federated Optimization",
+      Sec. 5.2; A = 0.5 by default, FedBuff's 1/sqrt(1 + tau));
+    - ``hinge[:A:B]``: 1 while tau <= B, then 1 / (A (tau - B) + 1) (Xie et al., Sec. 5.2; by default
+      A = 10 and B = 4, our choice).
+    """
+
+    kind: Literal["constant", "polynomial", "hinge"]
+    a: float = 0.5
+    b: float = 4.0
+
+    @classmethod
+    def parse(cls, text: str) -> Staleness:
+        """``text`` as a staleness function; a mistake is one sentence naming the forms."""
+        forms = "constant, polynomial[:A] (A above 0) or hinge[:A:B] (A above 0, B at least 0)"
+        kind, *params = [p.strip() for p in str(text).split(":")]
+        arity = {"constant": 0, "polynomial": 1, "hinge": 2}
+        if kind not in arity or len(params) > arity[kind]:
+            raise ConfigError(f"deployment.staleness takes {forms}, not {text!r}.")
+        try:
+            values = [float(p) for p in params]
+        except ValueError:
+            raise ConfigError(f"deployment.staleness takes {forms}: {text!r} has a part that is not a number.") from None
+        if kind == "hinge" and len(values) == 1:
+            raise ConfigError(f"deployment.staleness=hinge takes both A and B (hinge:A:B), not {text!r}.")
+        if any(not math.isfinite(v) for v in values) or (values and values[0] <= 0) or (len(values) == 2 and values[1] < 0):
+            raise ConfigError(f"deployment.staleness takes {forms}, not {text!r}.")
+        if kind == "polynomial":
+            return cls("polynomial", *values)
+        if kind == "hinge":
+            return cls("hinge", *values) if values else cls("hinge", 10.0, 4.0)
+        return cls("constant")
+
+    def __call__(self, tau: int) -> float:
+        if self.kind == "constant":
+            return 1.0
+        if self.kind == "polynomial":
+            return float((1.0 + tau) ** -self.a)
+        return 1.0 if tau <= self.b else 1.0 / (self.a * (tau - self.b) + 1.0)
+
+
+def staleness_weight(tau: int, kind: str) -> float:
+    """s(tau) under ``deployment.staleness`` ``kind`` (:class:`Staleness`)."""
+    return Staleness.parse(kind)(tau)
 
 
 def rebased(upload: ModelWeights, start: ModelWeights, now: ModelWeights, weight: float) -> ModelWeights:
@@ -71,4 +122,4 @@ def rebased(upload: ModelWeights, start: ModelWeights, now: ModelWeights, weight
     return ModelWeights(**{name: part(name) for name in upload.part_names})
 
 
-__all__ = ["NO_ASYNC", "Asynchronous", "rebased", "staleness_weight"]
+__all__ = ["NO_ASYNC", "Asynchronous", "Staleness", "rebased", "staleness_weight"]

@@ -4,13 +4,17 @@ same on every executor; nothing here waits.
 
 - A client's time for a round is its download (latency + bytes down / down bandwidth), its compute
   (samples trained x seconds a sample) and its upload (latency + bytes up / up bandwidth).
-- ``all``: the server waits for every client that has not dropped out (a dropout is known to it
-  at once, as a lost connection); the round lasts until the last of them arrives.
+- A sampled client that drops out is known to the server as lost when its update was due (its
+  nominal time: E epochs of its data, the model down and up, on its device; FedScale finds an
+  offline client at its completion time too); one that goes offline before its upload (an
+  availability trace) is known lost at that moment.
+- ``all``: the server waits for every sampled client's update, or to learn it is lost; the round
+  lasts until the last of these.
 - ``deadline``: updates that arrive after ``deadline_s`` are discarded; the round lasts until the
-  deadline, or until the last client arrives if every client returned before it.
+  deadline, or less if every sampled client had arrived or was known lost before it.
 - ``overselect``: K(1 + x) clients were sampled; the first ``want`` to arrive are kept (ties by
-  client id); the round lasts until the last kept one arrives (until the last arrival, if fewer
-  than ``want`` returned).
+  client id); the round lasts until the last kept one arrives (if fewer than ``want`` arrive, until
+  every sampled client has arrived or is known lost).
 
 The server applies it to each round's results (:meth:`raysim.deployment.model.Deployment.close`);
 the runner adds the rounds' durations into the run's ``sim_time_s``.
@@ -46,8 +50,8 @@ class Device:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A sampled client's update: when it would arrive (seconds from the round's start), and
-    whether it dropped out (it never arrives)."""
+    """A sampled client's update: when it arrives (seconds from the round's start), or, if it
+    ``dropped`` (it never arrives), when the server knows it is lost."""
 
     client: int
     time_s: float
@@ -67,15 +71,14 @@ def close_round(
 ) -> RoundClose:
     """When a synchronous round can aggregate, and with whose updates (see the module docstring)."""
     alive = sorted((a for a in arrivals if not a.dropped), key=lambda a: (a.time_s, a.client))
-    last = alive[-1].time_s if alive else 0.0
+    last = max((a.time_s for a in arrivals), default=0.0)  # every update in, or known lost
     if policy == "all":
         return RoundClose(tuple(a.client for a in alive), last)
     if policy == "deadline":
         if deadline_s is None:
             raise ValueError("the deadline policy needs a deadline")
         kept = tuple(a.client for a in alive if a.time_s <= deadline_s)
-        everyone_back = len(kept) == len(arrivals)
-        return RoundClose(kept, last if everyone_back else deadline_s)
+        return RoundClose(kept, min(last, deadline_s))
     if want is None:
         raise ValueError("over-selection needs the number of updates to keep")
     chosen = alive[:want]

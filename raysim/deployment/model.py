@@ -8,9 +8,11 @@ an availability model, a device model, a completeness model or a named deploymen
 (``plugins:``) and names it in ``deployment.availability``, ``deployment.devices``,
 ``deployment.completeness`` or ``--deployment``. This module holds the built-in ones' makers:
 
-- ``AVAILABILITY``: ``make(param, deployment_config)`` -> an object with ``online(seed, rnd, client,
-  now_s) -> bool`` and ``next_online_s(now_s) -> float`` (how long until someone is online, for a
-  round in which no one is);
+- ``AVAILABILITY``: ``make(param, deployment_config, num_clients)`` -> an object with
+  ``online(seed, rnd, client, now_s) -> bool`` and ``next_online_s(now_s, clients) -> float`` (how
+  long until one of ``clients`` is online, for a round in which no one is; 0 for a draw per round),
+  and optionally ``offline_at(client, start_s, end_s) -> float | None`` (when a client goes offline
+  during its work, losing its update; without it a client online at its start stays online);
 - ``DEVICES``: ``make(param, deployment_config, seed, num_clients)`` -> one
   :class:`~raysim.deployment.clock.Device` per client;
 - ``COMPLETENESS``: ``make(param)`` -> ``fraction(seed, rnd, client)``, the share of each training
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim import rng
+from raysim.capabilities.asynchronous import Staleness
 from raysim.config import DeploymentConfig, ExperimentConfig, from_dict, load_config_file
 from raysim.deployment import draws
 from raysim.deployment.clock import Arrival, Device, close_round, default_deadline
@@ -44,8 +47,14 @@ class Always:
     def online(self, seed: int, rnd: int, client: int, now_s: float) -> bool:
         return True
 
-    def next_online_s(self, now_s: float) -> float:
+    def next_online_s(self, now_s: float, clients: Sequence[int]) -> float:
+        """Seconds from ``now_s`` until one of ``clients`` is online, for a model whose clients
+        come and go on the clock (0: a draw per round, which waits for no one)."""
         return 0.0
+
+    def offline_at(self, client: int, start_s: float, end_s: float) -> float | None:
+        """When ``client``, online at ``start_s``, goes offline before ``end_s`` (None: it stays)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class DiurnalAvailability(Always):
     pattern: draws.Diurnal
 
     def online(self, seed: int, rnd: int, client: int, now_s: float) -> bool:
-        return draws.available(seed, rnd, client, self.pattern)
+        return draws.available(seed, rnd, client, self.pattern, now_s)
 
 
 @dataclass(frozen=True)
@@ -71,25 +80,73 @@ class Traced:
     def online(self, seed: int, rnd: int, client: int, now_s: float) -> bool:
         return self.trace.online(client, now_s)
 
-    def next_online_s(self, now_s: float) -> float:
-        return self.trace.next_online_s(now_s)
+    def next_online_s(self, now_s: float, clients: Sequence[int]) -> float:
+        return self.trace.next_online_s(now_s, clients)
+
+    def offline_at(self, client: int, start_s: float, end_s: float) -> float | None:
+        return self.trace.offline_at(client, start_s, end_s)
 
 
-def make_always(param: float | None, d: DeploymentConfig) -> Always:
+def make_always(param: float | None, d: DeploymentConfig, n: int) -> Always:
     return Always()
 
 
-def make_bernoulli(param: float | None, d: DeploymentConfig) -> Bernoulli:
+def make_bernoulli(param: float | None, d: DeploymentConfig, n: int) -> Bernoulli:
     assert param is not None
     return Bernoulli(param)
 
 
-def make_diurnal(param: float | None, d: DeploymentConfig) -> DiurnalAvailability:
+def make_diurnal(param: float | None, d: DeploymentConfig, n: int) -> DiurnalAvailability:
+    """Mean M (default 0.5), amplitude 0.8 min(M, 1 - M), the ``n`` clients placed in the zones."""
     mean = 0.5 if param is None else param
-    return DiurnalAvailability(draws.Diurnal(mean, 0.8 * min(mean, 1 - mean)))
+    shares = d.zone_shares if d.zone_shares is not None else (1 / d.time_zones,) * d.time_zones
+    ends = draws.zone_ends(shares, n) if d.time_zones > 1 else ()
+    return DiurnalAvailability(draws.Diurnal(mean, 0.8 * min(mean, 1 - mean), d.diurnal_period_h, ends))
 
 
-def make_availability_trace(param: float | None, d: DeploymentConfig) -> Traced:
+def check_diurnal(cfg: ExperimentConfig) -> None:
+    """The diurnal settings (``deployment.diurnal_period_h``, ``time_zones``, ``zone_shares``)
+    against each other, the availability and the devices: one sentence, before any work."""
+    d = cfg.deployment
+    diurnal = parse_kind(d.availability, AVAILABILITY).kind == "diurnal"
+    defaults = DeploymentConfig()
+    if not diurnal:
+        given = [
+            f"deployment.{name}"
+            for name in ("diurnal_period_h", "time_zones", "zone_shares")
+            if getattr(d, name) != getattr(defaults, name)
+        ]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} read only with "
+                f"deployment.availability=diurnal, not {d.availability}."
+            )
+        return
+    if not math.isfinite(d.diurnal_period_h):
+        raise ConfigError(
+            f"deployment.diurnal_period_h must be a finite number of hours, not {d.diurnal_period_h}."
+        )
+    shares = d.zone_shares
+    if shares is not None:
+        if len(shares) != d.time_zones:
+            raise ConfigError(
+                f"deployment.zone_shares gives {len(shares)} share{'s' if len(shares) != 1 else ''} "
+                f"but deployment.time_zones is {d.time_zones}: one share a zone."
+            )
+        bad = next((s for s in shares if not s >= 0), None)  # NaN fails every comparison
+        if bad is not None:
+            raise ConfigError(f"Each of deployment.zone_shares must be a share at least 0, not {bad}.")
+        if not math.isfinite(sum(shares)) or abs(sum(shares) - 1) > 1e-6:
+            raise ConfigError(f"deployment.zone_shares must sum to 1, not {sum(shares):g}.")
+    if parse_kind(d.devices, DEVICES).kind == "ideal":
+        raise ConfigError(
+            "deployment.availability=diurnal needs devices that take time (deployment.devices=fixed, "
+            "lognormal or trace): on ideal devices the simulated clock never moves, so availability would "
+            "never swing."
+        )
+
+
+def make_availability_trace(param: float | None, d: DeploymentConfig, n: int) -> Traced:
     if d.availability_file is None:
         raise ConfigError("deployment.availability=trace needs deployment.availability_file.")
     return Traced(AvailabilityTrace.read(d.availability_file))
@@ -133,6 +190,25 @@ def make_uniform(param: float | None) -> Callable[[int, int, int], float]:
     low = 0.5 if param is None else param
 
     def fraction(seed: int, rnd: int, client: int) -> float:
+        return low + (1 - low) * float(rng.generator(seed, "completeness", rnd, client).random())
+
+    return fraction
+
+
+def make_stragglers(param: tuple[float, float] | None) -> Callable[[int, int, int], float]:
+    """FedProx's systems heterogeneity (Li et al. 2020, Sec. 5.2), ``stragglers:P:F``: each sampled
+    client each round is a straggler with probability P (its own draw, "straggler"), doing a share
+    drawn from U[F, 1] of each training pass's steps (``uniform:F``'s draw, "completeness"); the
+    others do all their work. FedProx's code (flearn/trainers/fedprox.py) picks exactly
+    round(K(1 - P)) of a round's K clients to work whole and gives the others a random whole number
+    of epochs in [1, E); a worker does not know its round's cohort, so here each client is drawn
+    on its own and a round's share of stragglers is P only on average."""
+    assert param is not None
+    share, low = param
+
+    def fraction(seed: int, rnd: int, client: int) -> float:
+        if float(rng.generator(seed, "straggler", rnd, client).random()) >= share:
+            return 1.0
         return low + (1 - low) * float(rng.generator(seed, "completeness", rnd, client).random())
 
     return fraction
@@ -186,6 +262,9 @@ class RoundClose:
     kept: list[JobResult]
     duration_s: float
     late: int
+    offline: int = 0  # updates lost as their clients went offline before the upload
+    #: the late updates' clients and arrivals (seconds from the round's start): still working
+    late_until: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -209,7 +288,7 @@ class Deployment:
     @cached_property
     def availability(self) -> Any:
         spec = parse_kind(self.d.availability, AVAILABILITY)
-        return load_ref(AVAILABILITY.get(spec.kind).make)(spec.param, self.d)
+        return load_ref(AVAILABILITY.get(spec.kind).make)(spec.param, self.d, self.cfg.clients)
 
     @cached_property
     def completeness(self) -> Callable[[int, int, int], float]:
@@ -231,25 +310,49 @@ class Deployment:
         k = self.cfg.clients_per_round
         return math.ceil(k * (1 + self.d.overselect)) if self.d.policy == "overselect" else k
 
-    def sample(self, rnd: int, now_s: float) -> list[int]:
+    @property
+    def timed(self) -> bool:
+        """Whether the deployment keeps a clock and state of its own (anything but the ideal one)."""
+        return not self.d.ideal or parse_kind(self.d.devices, DEVICES).kind != "ideal"
+
+    def sample(self, rnd: int, now_s: float, busy: set[int] | frozenset[int] = frozenset()) -> list[int]:
         """Round ``rnd``'s clients, drawn uniformly without replacement from those available at
-        ``now_s`` (simulated seconds since the run's start), sorted; the same draw as a run without a
-        deployment when every client is available and the cohort is K. In async mode every
-        available client (the server draws those it starts, :mod:`raysim.engine.buffered`)."""
-        n, k = self.cfg.clients, self.cohort()
-        if self.d.mode == "async":  # every available client: the server starts those it has places for
-            return [c for c in range(n) if self.availability.online(self.cfg.seed, rnd, c, now_s)]
+        ``now_s`` (simulated seconds since the run's start) and not ``busy`` (still working on an
+        earlier round's update), sorted; the same draw as a run without a deployment when every
+        client is available and free and the cohort is K."""
+        pool = [c for c in self.available(rnd, now_s) if c not in busy]
+        return self.draw(rnd, 0, pool, self.cohort())
+
+    def available(self, rnd: int, now_s: float) -> list[int]:
+        """The clients available at ``now_s`` in round ``rnd``, in id order."""
+        n = self.cfg.clients
         if self.d.availability == "always":
-            return rng.sample_clients(self.cfg.seed, rnd, n, k)
-        pool = [c for c in range(n) if self.availability.online(self.cfg.seed, rnd, c, now_s)]
+            return list(range(n))
+        return [c for c in range(n) if self.availability.online(self.cfg.seed, rnd, c, now_s)]
+
+    def draw(self, rnd: int, batch: int, pool: Sequence[int], k: int) -> list[int]:
+        """``k`` of ``pool`` uniformly without replacement, sorted: a round's first draw
+        (``batch`` 0) on the round's sample stream, as a synchronous round draws (every client:
+        :func:`raysim.rng.sample_clients`); an async round's later draws each on a stream of its own."""
         if k >= len(pool):
-            return pool
-        g = rng.generator(self.cfg.seed, "sample", rnd)
+            return sorted(pool)
+        if batch == 0 and len(pool) == self.cfg.clients:
+            return rng.sample_clients(self.cfg.seed, rnd, self.cfg.clients, k)
+        g = rng.generator(self.cfg.seed, "sample", rnd) if batch == 0 else rng.generator(self.cfg.seed, "async_start", rnd, batch)
         return sorted(pool[int(i)] for i in g.choice(len(pool), size=k, replace=False))
 
-    def idle_s(self, now_s: float) -> float:
-        """How long a round in which no client is available lasts: until one is."""
-        return float(self.availability.next_online_s(now_s))
+    def idle_s(self, now_s: float, clients: Sequence[int] | None = None) -> float:
+        """How long a round in which no client is available lasts: until one of ``clients``
+        (default: the run's) is (under an availability trace; 0 for a draw per round)."""
+        clients = range(self.cfg.clients) if clients is None else clients
+        wait = float(self.availability.next_online_s(now_s, clients))
+        return wait if math.isfinite(wait) else 0.0
+
+    def offline_at(self, client: int, start_s: float, end_s: float) -> float | None:
+        """When ``client`` goes offline during its work from ``start_s`` to ``end_s``, losing its
+        update (None: it stays online)."""
+        offline_at = getattr(self.availability, "offline_at", None)  # optional for a model of one's own
+        return offline_at(client, start_s, end_s) if offline_at is not None else None
 
     # ---- the client workers: partial work
     def work_fraction(self, rnd: int, client: int) -> float:
@@ -262,54 +365,68 @@ class Deployment:
     def lost(self, rnd: int, client: int) -> bool:
         return self.applies(rnd) and draws.dropped(self.cfg.seed, rnd, client, self.d.dropout)
 
-    def without_lost(self, rnd: int, jobs: Sequence[Job]) -> tuple[list[Job], int]:
+    def without_lost(self, rnd: int, jobs: Sequence[Job]) -> tuple[list[Job], list[int]]:
         """The planned ``jobs`` without their lost clients (a chain goes on from the last client
-        whose update arrived; a job with none left is not run), and how many were lost."""
+        whose update arrived; a job with none left is not run), and the lost clients."""
         if self.d.dropout == 0 or not self.applies(rnd):
-            return list(jobs), 0
-        out, lost = [], 0
+            return list(jobs), []
+        out, lost = [], []
         for job in jobs:
             kept = tuple(c for c in job.clients if not self.lost(rnd, c))
-            lost += len(job.clients) - len(kept)
+            lost += [c for c in job.clients if c not in kept]
             if kept:
                 out.append(job if len(kept) == len(job.clients) else Job(kept, job.payload, job.pinned))
         return out, lost
 
-    def chain_arrivals(self, jr: JobResult) -> list[Arrival]:
-        """When each of a job's updates arrives, from the job's start: its links one after another,
-        each its download, compute (the samples it trained) and upload on its device."""
+    def nominal_s(self, client: int, samples: int, model_bytes: int) -> float:
+        """``client``'s nominal time for a round: E epochs of its ``samples``, the model down and
+        up, on its device. A lost update is known to the server this long after its client started
+        (its time-out: the server learns of a dropout when the update was due)."""
+        e = self.cfg.train.local_epochs
+        return self.devices[client].round_time(e * int(samples), model_bytes, model_bytes)
+
+    def chain_arrivals(self, jr: JobResult, start_s: float = 0.0) -> list[Arrival]:
+        """When each of a job's updates arrives, from the round's start: its links one after
+        another, each its download, compute (the samples it trained) and upload on its device. A
+        client that goes offline before its upload (an availability trace; ``start_s`` is the
+        round's start on the clock) loses its update then, and the links after it too."""
         out, t = [], 0.0
         for r in jr.results:
-            t += self.devices[r.client].round_time(r.samples_trained, r.bytes_down, r.bytes_up)
-            out.append(Arrival(r.client, t))
+            end = t + self.devices[r.client].round_time(r.samples_trained, r.bytes_down, r.bytes_up)
+            off = self.offline_at(r.client, start_s + t, start_s + end)
+            if off is not None:
+                out.append(Arrival(r.client, off - start_s, dropped=True))
+                out += [Arrival(later.client, off - start_s, dropped=True) for later in jr.results[len(out):]]
+                break
+            out.append(Arrival(r.client, end))
+            t = end
         return out
 
-    def arrivals(self, results: Sequence[JobResult]) -> list[Arrival]:
+    def arrivals(self, results: Sequence[JobResult], start_s: float = 0.0) -> list[Arrival]:
         """Every update's arrival, from the round's start (every job starts with it)."""
-        return [a for jr in results for a in self.chain_arrivals(jr)]
-
-    def job_times(self, results: Sequence[JobResult]) -> list[float]:
-        """Each job's time, from its start to its last link's arrival."""
-        return [links[-1].time_s if (links := self.chain_arrivals(jr)) else 0.0 for jr in results]
+        return [a for jr in results for a in self.chain_arrivals(jr, start_s)]
 
     def default_deadline_s(self, train_sizes: Sequence[int], model_bytes: int) -> float:
         """1.5 x the median of the clients' nominal round times: E epochs of their data, the model
         down and up, on their devices."""
-        e = self.cfg.train.local_epochs
-        return default_deadline(
-            [
-                dev.round_time(e * int(n), model_bytes, model_bytes)
-                for dev, n in zip(self.devices, train_sizes, strict=True)
-            ]
-        )
+        return default_deadline([self.nominal_s(c, int(n), model_bytes) for c, n in enumerate(train_sizes)])
 
-    def close(self, rnd: int, results: Sequence[JobResult], deadline_s: float | None) -> RoundClose:
+    def close(
+        self,
+        rnd: int,
+        results: Sequence[JobResult],
+        deadline_s: float | None,
+        *,
+        start_s: float = 0.0,
+        lost: Sequence[Arrival] = (),
+    ) -> RoundClose:
         """The round's close under the policy (:func:`~raysim.deployment.clock.close_round`): the
-        results it keeps, each chain cut at its first link that was not kept."""
+        results it keeps, each chain cut at its first link that was not kept; ``lost``: the
+        dropouts, each at the time its loss is known."""
         if not self.applies(rnd):
             return RoundClose(list(results), 0.0, 0)
-        arrivals = self.arrivals(results)
-        closed = close_round(arrivals, self.d.policy, deadline_s=deadline_s, want=self.cfg.clients_per_round)
+        arrivals = self.arrivals(results, start_s)
+        closed = close_round([*arrivals, *lost], self.d.policy, deadline_s=deadline_s, want=self.cfg.clients_per_round)
         kept_clients = set(closed.kept)
         kept: list[JobResult] = []
         for jr in results:
@@ -320,8 +437,10 @@ class Deployment:
                 kept.append(jr)
             elif n:
                 kept.append(JobResult(Job(jr.job.clients[:n], jr.job.payload, jr.job.pinned), jr.results[:n]))
-        late = len(arrivals) - sum(len(jr.results) for jr in kept)
-        return RoundClose(kept, closed.duration_s, late)
+        alive = [a for a in arrivals if not a.dropped]
+        offline = len(arrivals) - len(alive)
+        late = [a for a in alive if a.client not in kept_clients]
+        return RoundClose(kept, closed.duration_s, len(late), offline, tuple((a.client, a.time_s) for a in late))
 
 
 ASYNC = DeploymentConfig()  # the async settings' defaults
@@ -337,6 +456,7 @@ def async_sizes(cfg: ExperimentConfig) -> tuple[int, int]:
 def check(cfg: ExperimentConfig) -> None:
     """The deployment's settings against each other and the registries, its trace files read (in
     :func:`raysim.engine.experiment.validate`, before any work)."""
+    check_diurnal(cfg)
     d = cfg.deployment
     devices: KindSpec = parse_kind(d.devices, DEVICES)
     parse_kind(d.completeness, COMPLETENESS)
@@ -366,11 +486,23 @@ def check(cfg: ExperimentConfig) -> None:
                 f"deployment.buffer ({buffer}) cannot exceed deployment.concurrency ({concurrency}): "
                 "a server step waits for that many updates of the clients in flight."
             )
-    elif (d.concurrency, d.buffer, d.staleness) != (ASYNC.concurrency, ASYNC.buffer, ASYNC.staleness):
-        raise ConfigError(
-            "deployment.concurrency, deployment.buffer and deployment.staleness are read only in async mode "
-            "(deployment.mode=async)."
-        )
+        Staleness.parse(d.staleness)
+    else:
+        given = [
+            f"deployment.{name}"
+            for name in ("concurrency", "buffer", "staleness", "max_staleness")
+            if getattr(d, name) != getattr(ASYNC, name)
+        ]
+        if given:
+            raise ConfigError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} read only in async mode (deployment.mode=async).")
+    if d.time_budget_s is not None:
+        if not math.isfinite(d.time_budget_s):
+            raise ConfigError(f"deployment.time_budget_s (--sim-time) must be a finite number of seconds, not {d.time_budget_s}.")
+        if devices.kind == "ideal":
+            raise ConfigError(
+                "deployment.time_budget_s (--sim-time) needs devices that take time (deployment.devices=fixed, "
+                "lognormal or trace): on ideal devices the simulated clock never moves."
+            )
     if d.completeness != "full" and cfg.train.batch_clients > 1:
         raise ConfigError(
             "deployment.completeness cannot be combined with train.batch_clients: a batched step trains "

@@ -39,6 +39,7 @@ from __future__ import annotations
 import csv
 import difflib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,15 +170,34 @@ class AvailabilityTrace:
         t = now_s % self.span_s
         return any(s <= t < e for s, e in self.intervals[client % len(self.intervals)])
 
-    def next_online_s(self, now_s: float) -> float:
-        """Seconds from ``now_s`` until some client comes online (0 if one is)."""
+    def next_online_s(self, now_s: float, clients: Sequence[int]) -> float:
+        """Seconds from ``now_s`` until one of raysim's ``clients`` (each following the trace's
+        ``i mod n``-th client) is online (0 if one is; infinite for no clients). Only the trace
+        clients the run follows count: a trace is usually far larger than the run."""
         t = now_s % self.span_s
+        followed = {c % len(self.intervals) for c in clients}
         waits = [
             (s - t) if s > t else (0.0 if t < e else self.span_s - t + s)
-            for ivs in self.intervals
-            for s, e in ivs
+            for i in followed
+            for s, e in self.intervals[i]
         ]
-        return min(waits)
+        return min(waits, default=math.inf)
+
+    def offline_at(self, client: int, start_s: float, end_s: float) -> float | None:
+        """When ``client`` goes offline in [``start_s``, ``end_s``) (None: it stays online
+        throughout): the end of the interval it is in, unless another one goes on from there."""
+        ivs = self.intervals[client % len(self.intervals)]
+        t = start_s
+        while t < end_s:
+            phase = t % self.span_s
+            ends = [e for s, e in ivs if s <= phase < e]
+            if not ends:
+                return t
+            nxt = t - phase + max(ends)
+            if nxt <= t:  # rounding at an interval's end: it ends here
+                return t
+            t = nxt
+        return None
 
 
 def read_devices(path: str, base: Device) -> tuple[Device, ...]:

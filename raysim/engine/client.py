@@ -96,9 +96,10 @@ class ClientRuntime(ClientWorkspace):
         for cid in clients:
             link_payload = payload if prev is None else self.algo.continue_chain(payload, prev)
             self._capture_received(rnd)
+            before = self.memory.get(cid)
             res = self.algo.local_update(ClientContext(self, cid, rnd), link_payload)
             res = dataclasses.replace(res, bytes_down=payload_nbytes(link_payload))
-            res = self._after_update(rnd, res)
+            res = self._deferred(rnd, before, self._after_update(rnd, res))
             results.append(res)
             prev = res
         return results
@@ -114,6 +115,7 @@ class ClientRuntime(ClientWorkspace):
             active = [i for i, c in enumerate(chains) if pos < len(c)]
             payloads = [payload if pos == 0 else self.algo.continue_chain(payload, out[i][-1]) for i in active]
             ctxs = [ClientContext(self, chains[i][pos], rnd) for i in active]
+            before = {ctx.cid: self.memory.get(ctx.cid) for ctx in ctxs}
             self._capture_received(rnd)
             updated = self.algo.batch_update(ctxs, payloads)
             if Batching.of(self.algo).pinned:  # each client started from parts of its own: no one start
@@ -122,8 +124,23 @@ class ClientRuntime(ClientWorkspace):
                 res = dataclasses.replace(res, bytes_down=payload_nbytes(p))
                 if self._local_model_read(rnd) and res.weights is not None:
                     set_weights(self.model, res.weights)  # the client's trained model, to read
-                out[i].append(self._after_update(rnd, res))
+                out[i].append(self._deferred(rnd, before[res.client], self._after_update(rnd, res)))
         return out
+
+    def _deferred(self, rnd: int, before: ClientMemory | None, res: ClientResult) -> ClientResult:
+        """In async mode (a training round), ``res`` carrying the memory its update left, and the
+        client's memory here put back as it was: the update is in flight, and the server writes
+        its memory when it arrives (raysim.engine.buffered). Otherwise ``res``."""
+        if self.cfg.deployment.mode != "async" or not 1 <= rnd <= self.cfg.rounds:
+            return res
+        after = self.memory.get(res.client)
+        if after is before:
+            return res
+        if before is None:
+            del self.memory[res.client]
+        else:
+            self.memory[res.client] = before
+        return dataclasses.replace(res, memory=after if after is not None else ClientMemory())
 
     def _capture_received(self, rnd: int) -> None:
         """Keep the model the next local update first loads (its received global model), for the
@@ -213,7 +230,7 @@ class ClientRuntime(ClientWorkspace):
             features.append(("global", self._sample_features(gm)))
         personal: list[tuple[int, int | None]] = []
         for c in clients:
-            pm = self.algo.personal_model(ClientContext(self, c, rnd), eval_payload)
+            pm = self.algo.personal_model(ClientContext(self, c, rnd, evaluating=True), eval_payload)
             if pm is None:
                 personal.append((c, None))
                 continue

@@ -27,7 +27,6 @@ from raysim.checkpoint import Checkpoint
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import FederatedData, build_federated_data
 from raysim.data.loading import DataLoad
-from raysim.deployment.model import Deployment
 from raysim.engine.executors.base import Executor
 from raysim.engine.experiment import Experiment, validate
 from raysim.engine.targets import target_metric
@@ -241,7 +240,7 @@ def run_experiment(
     all_callbacks = [*writers, *callbacks]
     totals = dataclasses.replace(resume.totals) if resume else RunTotals()
     last_round = resume.round if resume else -1
-    stopped = False
+    stopped = out_of_time = False
 
     def checkpoint() -> Checkpoint:
         snapshot = executor.snapshot()
@@ -262,7 +261,6 @@ def run_experiment(
         for cb in all_callbacks:
             cb.on_start(cfg, run_dir)
         extra = ExtraRounds.of(exp.algorithm)
-        deployment = Deployment(cfg)
         first = last_round + 1 if resume else extra.first_round()
         startup = time.time() - origin
         with StopRequest() as stop:
@@ -272,7 +270,7 @@ def run_experiment(
                     stats = executor.train_round(0, list(range(cfg.clients)))
                     totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
                 else:
-                    report = _one_round(
+                    report, out_of_time = _one_round(
                         cfg,
                         executor,
                         rnd,
@@ -281,7 +279,6 @@ def run_experiment(
                         all_client_rows,
                         totals,
                         extra.epilogue,
-                        deployment,
                         exp.algorithm.evaluates_personal(cfg),
                     )
                     if report is not None and report.features:  # eval.features, after the last round
@@ -291,6 +288,9 @@ def run_experiment(
                 every = cfg.output.checkpoint_every
                 if stop.requested or (every > 0 and rnd > 0 and rnd % every == 0):
                     checkpoint_mod.save(run_dir, checkpoint())
+                if rnd > 0 and out_of_time:  # deployment.time_budget_s: the clock reached it
+                    log.info("the simulated clock reached %.6g s after round %d: the run's budget", totals.sim_time_s, rnd)
+                    break
                 if stop.requested and rnd < cfg.rounds:
                     stopped = True
                     log.warning("stopped after round %d; resume with --resume %s", rnd, run_dir)
@@ -357,18 +357,17 @@ def _one_round(
     all_client_rows: list[dict[str, Any]],
     totals: RunTotals,
     epilogue: bool,
-    deployment: Deployment,
     personal: bool,
-) -> EvalReport | None:
+) -> tuple[EvalReport | None, bool]:
     """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
     algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``. Returns the
-    evaluation, if there was one."""
-    sampled = deployment.sample(rnd, totals.sim_time_s)  # those available (all, without a deployment)
+    evaluation, if there was one, and whether the simulated clock reached the run's time budget
+    (``deployment.time_budget_s``: the round is then the run's last, and evaluated)."""
     t = time.perf_counter()
-    stats = executor.train_round(rnd, sampled)
+    stats = executor.train_round(rnd)  # the clients the server samples (all, without a deployment)
     round_time = time.perf_counter() - t
-    if not sampled:  # no client available: the round lasts until one is
-        stats = dataclasses.replace(stats, sim_duration_s=deployment.idle_s(totals.sim_time_s))
+    budget = cfg.deployment.time_budget_s
+    out_of_time = budget is not None and stats.sim_clock_s >= budget
     if rnd == cfg.rounds and epilogue:
         # the epilogue: every client, after the last training and before the last evaluation
         # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
@@ -377,9 +376,9 @@ def _one_round(
         totals.add_round(after, time.perf_counter() - t, 0.0)
     for cb in callbacks:
         cb.on_round(stats, round_time)
-    if not evaluation_due(cfg, rnd):
+    if not evaluation_due(cfg, rnd) and not out_of_time:
         totals.add_round(stats, round_time, 0.0)
-        return None
+        return None, False
     t = time.perf_counter()
     report = executor.evaluate(rnd)
     if cfg.eval.updated_lm:  # updated_lm_ptest; and lm_ptest, for an algorithm without personal models
@@ -413,7 +412,7 @@ def _one_round(
     all_client_rows.extend(per_client)
     for cb in callbacks:
         cb.on_eval(rnd, row, per_client)
-    return report
+    return report, out_of_time
 
 
 def _rescue(run_dir: Path, checkpoint: Callable[[], Checkpoint]) -> str:

@@ -164,9 +164,13 @@ class ClientWorkspace:
 
 class ClientContext:
     """One client's view during one job (or one evaluation): its data, its model, what it keeps,
-    its random streams. Handed to ``local_update`` and ``personal_model``."""
+    its random streams. Handed to ``local_update`` and ``personal_model``.
 
-    def __init__(self, workspace: ClientWorkspace, cid: int, rnd: int) -> None:
+    Partial work (``deployment.completeness``) applies to training rounds only: a job's context
+    gets the client's drawn :attr:`work_fraction`, while a context built for evaluation
+    (``evaluating=True``: ``personal_model``'s fine-tuning or adaptation) always does all its work."""
+
+    def __init__(self, workspace: ClientWorkspace, cid: int, rnd: int, *, evaluating: bool = False) -> None:
         self._ws = workspace
         self.cid = cid
         self.rnd = rnd
@@ -178,8 +182,9 @@ class ClientContext:
         #: samples trained on in this job, every train() counted: its compute (an algorithm with a
         #: loop of its own adds what it trains)
         self.samples_trained = 0
-        #: the share of each training pass's steps this client does this round (deployment.completeness)
-        self.work_fraction = workspace.deployment.work_fraction(rnd, cid)
+        #: the share of each training pass's steps this client does this round (deployment.completeness;
+        #: 1.0 when ``evaluating``: evaluation-time work is never cut)
+        self.work_fraction = 1.0 if evaluating else workspace.deployment.work_fraction(rnd, cid)
 
     # ---- data
     @property

@@ -13,7 +13,8 @@ from algorithms.fedbuff import server_step
 from raysim import checkpoint
 from raysim.capabilities.asynchronous import rebased, staleness_weight
 from raysim.config import replace
-from raysim.engine.buffered import Buffer, InFlight, step
+from raysim.capabilities.asynchronous import Staleness
+from raysim.engine.buffered import Buffer, finish, simulate
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
@@ -42,24 +43,114 @@ def test_a_stale_update_is_rebased_onto_the_current_model():
     np.testing.assert_array_equal(got.head, [3.0, 1.5])
 
 
-def test_a_server_step_takes_the_earliest_arrivals_and_aggregates_them_in_start_order():
-    v0, v1 = w(0.0), w(1.0)
-    # an update from step 0 still in flight (arriving at 5 s), and this step's three, started at 2 s
-    old = InFlight(5.0, 0, 0, upload(9, 4.0))
-    buf = Buffer((old,), ((0, v0),), version=1, clock_s=2.0, started=1)
-    new = [upload(1, 2.0), upload(2, 3.0), upload(3, 5.0)]
-    got = step(buf, new, [4.0, 1.0, 2.0], v1, 3, "polynomial")  # arrivals at 6, 3 and 4 s
-    # the three earliest: client 2 (3 s), client 3 (4 s), client 9 (5 s); in start order 9, 2, 3
-    assert [jr.final.client for jr in got.results] == [9, 2, 3]
-    # client 9 started at step 0, one step ago: 1 + (4 - 0) / sqrt(2)
-    assert got.results[0].final.weights.head[0] == pytest.approx(1 + 4 / math.sqrt(2), rel=1e-6)
-    assert got.results[1] is new[1] and got.results[2] is new[2]  # fresh: as they came
-    assert got.duration_s == 3.0 and got.staleness == pytest.approx(1 / 3)
-    after = got.buffer
-    assert [f.client for f in after.pool] == [1] and after.pool[0].arrival_s == 6.0
-    assert after.version == 2 and after.clock_s == 5.0 and after.started == 4
-    assert dict(after.starts) == {1: v1}  # the model client 1 started from, nothing older
-    assert after.busy == {1}
+class Hand:
+    """A hand-made deployment for the event simulation: known times per client, everyone
+    available, the lowest ids drawn first, nothing lost unless listed."""
+
+    def __init__(self, times: dict[int, float], lost: dict[int, float] | None = None, offline: dict[int, float] | None = None):
+        self.times, self.lost_at, self.offline = times, lost or {}, offline or {}
+
+    def available(self, rnd, now_s):
+        return sorted(self.times)
+
+    def draw(self, rnd, batch, pool, k):
+        return sorted(pool)[:k]
+
+    def lost(self, rnd, client):
+        return client in self.lost_at
+
+    def nominal_s(self, client):
+        return self.lost_at[client]
+
+    def duration_s(self, result):
+        return self.times[result.final.client]
+
+    def offline_at(self, client, start_s, end_s):
+        off = self.offline.get(client)
+        return off if off is not None and start_s <= off < end_s else None
+
+    def next_online_s(self, now_s, excluded):
+        return 0.0
+
+
+def run_rounds(env, buf, rounds, size, **kw):
+    """Each round simulated in waves, as the server does: train what a pass needs, pass again."""
+    steps = []
+    for rnd in range(1, rounds + 1):
+        trained: dict[int, JobResult] = {}
+        while (sim := simulate(buf, rnd, size, trained, env, **kw)).need:
+            trained.update({c: upload(c, float(c)) for c in sim.need})
+        step = finish(buf, sim, w(0.0), Staleness.parse("constant"))
+        steps.append((sim, step))
+        buf = step.buffer
+    return steps, buf
+
+
+def test_the_event_driven_hand_case_four_clients_c_2_k_2():
+    """Clients 0-3 take 1, 3, 1.5 and 0.5 s; C = 2 in flight, a step every K = 2 arrivals."""
+    steps, buf = run_rounds(Hand({0: 1.0, 1: 3.0, 2: 1.5, 3: 0.5}), Buffer.initial(2), 4, 2)
+    starts = [[(f.client, f.start_s) for f in sim.started] for sim, _ in steps]
+    # round 1: 0 and 1 start at 0; 0 arrives at 1 and its place starts 2 (0 waits in the buffer, 1 is in
+    # flight); 2 arrives at 2.5: the step. Round 2: 2.5 starts 0 (1 still in flight); 1 arrives at 3
+    # (one step stale) and its place starts 2; 0 arrives at 3.5: the step. Round 3: 3.5 starts 0;
+    # 2 and 0 both arrive at 4.5 (2 started first, so it arrives first): the step. Round 4: two
+    # places at 4.5, one draw: 0 and 1; 0 arrives at 5.5 and starts 2, who arrives at 7.
+    assert starts == [[(0, 0.0), (1, 0.0), (2, 1.0)], [(0, 2.5), (2, 3.0)], [(0, 3.5)], [(0, 4.5), (1, 4.5), (2, 5.5)]]
+    taken = [[(f.client, buf_version - f.version) for f in sim.taken] for (sim, _), buf_version in zip(steps, range(4))]
+    assert taken == [[(0, 0), (2, 0)], [(1, 1), (0, 0)], [(2, 1), (0, 0)], [(0, 0), (2, 0)]]
+    assert [step.buffer.clock_s for _, step in steps] == [2.5, 3.5, 4.5, 7.0]
+    assert [step.duration_s for _, step in steps] == [2.5, 1.0, 1.0, 2.5]
+    assert [step.staleness for _, step in steps] == [0.0, 0.5, 0.5, 0.0]
+    # aggregated in start order; the K-th arrival's place starts from the new model, next round
+    assert [[jr.final.client for jr in step.results] for _, step in steps] == [[0, 2], [1, 0], [2, 0], [0, 2]]
+    assert [step.buffer.free for _, step in steps] == [(2.5,), (3.5,), (4.5, 4.5), (7.0,)]
+    assert [(f.client, f.event_s) for f in buf.pool] == [(1, 7.5)] and buf.version == 4
+
+
+def test_a_step_fires_at_k_arrivals_while_a_slow_client_is_in_flight():
+    """C = K = 2 with one client ten times slower: the freed places are refilled at each arrival,
+    so the step comes from the fast clients, not at the slow one's arrival as a synchronous round would."""
+    steps, buf = run_rounds(Hand({0: 10.0, 1: 1.0, 2: 1.0, 3: 1.0}), Buffer.initial(2), 5, 2)
+    # the free place cycles fast clients, one a second: a step every 2 s, not every 10 s
+    assert [step.buffer.clock_s for _, step in steps] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert all(0 not in [jr.final.client for jr in step.results] for _, step in steps[:4])
+    # client 0 arrives at 10 s, four steps after it started, before client 2's update of that time
+    assert [jr.final.client for jr in steps[4][1].results] == [0, 1] and steps[4][1].staleness == 2.0
+
+
+def test_a_lost_update_frees_its_place_when_its_loss_is_known_and_a_step_still_takes_k():
+    # client 1 drops out (known at 4 s), client 2 goes offline at 0.7 s before its upload (due at 1.5 s)
+    env = Hand({0: 1.0, 1: 2.0, 2: 1.5, 3: 0.5}, lost={1: 4.0}, offline={2: 0.7})
+    steps, _ = run_rounds(env, Buffer.initial(3), 1, 2)
+    sim, step = steps[0]
+    # 0, 1, 2 start at 0; 2 goes offline at 0.7 and 3 takes its place (arrives 1.2); 0 arrives at 1:
+    # the buffer holds 0; 3 arrives at 1.2: the step, with K = 2 updates
+    assert [(f.client, f.start_s) for f in sim.started] == [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.7)]
+    assert [jr.final.client for jr in step.results] == [0, 3] and step.buffer.clock_s == 1.2
+    assert step.lost == 1 and [(f.client, f.event_s, f.lost) for f in step.buffer.pool] == [(1, 4.0, True)]
+
+
+def test_max_staleness_drops_exactly_the_updates_staler_than_it():
+    env = Hand({0: 10.0, 1: 1.0, 2: 1.0, 3: 1.0})
+    for limit, stale in ((None, 0), (4, 0), (3, 1), (0, 1)):
+        steps, _ = run_rounds(env, Buffer.initial(2), 5, 2, max_staleness=limit)
+        # client 0 (10 s) arrives in round 5, four steps after it started; nothing else is stale
+        assert [step.stale for _, step in steps] == [0, 0, 0, 0, stale]
+        assert [jr.final.client for jr in steps[4][1].results] == ([0, 1] if stale == 0 else [1, 2])
+        assert steps[4][1].buffer.clock_s == 10.0  # a dropped update does not count towards K
+
+
+def test_the_waves_give_the_event_order_whatever_was_trained_before():
+    """A pass with every update trained up front equals the waves' last pass."""
+    env = Hand({0: 1.0, 1: 3.0, 2: 1.5, 3: 0.5})
+    buf = Buffer.initial(2)
+    for rnd in range(1, 4):
+        everything = {c: upload(c, float(c)) for c in range(4)}
+        direct = simulate(buf, rnd, 2, everything, env)
+        steps, _ = run_rounds(env, buf, 1, 2)
+        assert [f.client for f in direct.started] == [f.client for f in steps[0][0].started]
+        assert direct.buffer.clock_s == steps[0][1].buffer.clock_s
+        buf = steps[0][1].buffer
 
 
 def test_a_fresh_async_step_is_a_synchronous_round_to_the_bit(tmp_path):
@@ -96,21 +187,27 @@ def test_fedbuffs_server_step_with_a_learning_rate_and_momentum():
     assert m2.head[0] == pytest.approx(0.9 * 2.0 + 1.5) and step2.head[0] == pytest.approx(1.0 + 0.5 * 3.3)
 
 
-def test_async_clients_in_flight_are_not_started_again_and_stale_updates_count(tmp_path):
+def test_busy_clients_are_not_started_again_and_every_step_takes_k(tmp_path, monkeypatch):
+    from raysim.engine import buffered
+
+    passes = []
+    real = buffered.simulate
+
+    def spy(buf, rnd, size, trained, env, **kw):
+        sim = real(buf, rnd, size, trained, env, **kw)
+        if not sim.need:  # the round's event order
+            passes.append((buf.busy, sim))
+        return sim
+
+    monkeypatch.setattr(buffered, "simulate", spy)
     cfg = tiny_config(tmp_path, algo="fedbuff", rounds=6, **ASYNC, **{"deployment.concurrency": 6, "deployment.buffer": 2})
-    ex = SerialExecutor(cfg, prepare(cfg))
-    staleness = []
-    for rnd in range(1, 7):
-        busy = ex.server.buffer.busy
-        jobs = ex.server.plan(rnd, list(range(8)))
-        started = {c for j in jobs for c in j.clients}
-        assert not started & busy and len(started) == 6 - len(busy)
-        ex.server.plan = lambda r, s, jobs=jobs: jobs  # train those planned above
-        stats = ex.train_round(rnd, list(range(8)))
-        del ex.server.plan
-        staleness.append(dict(stats.scalars)["staleness"])
-        assert len(ex.server.buffer.pool) == 4 and stats.sim_duration_s >= 0
-    assert max(staleness) > 0  # slower clients' updates arrive steps after they started
+    run = run_experiment(cfg)
+    assert len(passes) == 6
+    for busy, sim in passes:
+        started = [f.client for f in sim.started]
+        assert not set(started) & busy and len(set(started)) == len(started)
+        assert sim.fired and len(sim.taken) == 2  # a step takes K = 2 updates, no fewer
+    assert max(r["staleness"] for r in run.rows) > 0  # slower clients' updates arrive steps after they started
 
 
 def test_a_checkpoint_keeps_the_updates_in_flight(tmp_path):
@@ -121,7 +218,9 @@ def test_a_checkpoint_keeps_the_updates_in_flight(tmp_path):
     cfg = tiny_config(tmp_path / "stopped", **setup)
     assert run_experiment(cfg, [CtrlCAfter(2)]).stopped
     ckpt = checkpoint.load(tmp_path / "stopped")
-    assert len(ckpt.snapshot.server_state.buffer.pool) == 4
+    buf = ckpt.snapshot.server_state.buffer
+    # five clients in flight, and the place the step's K-th arrival freed, filled from the next round's model
+    assert len(buf.pool) == 5 and len(buf.free) == 1 and buf.free[0] == buf.clock_s > 0
     resumed = run_experiment(cfg, resume=ckpt)
     assert without_times(resumed.rows) == without_times(full.rows)
 

@@ -1,4 +1,4 @@
-"""Issue 28's deployment model wired into the engine: availability and dropout rates, the round's
+"""The deployment model wired into the engine: availability and dropout rates, the round's
 close on hand-made results (a chain cut at its first late link), partial work, traces, the
 summary's time to a target, and an ideal deployment that changes no number."""
 
@@ -38,11 +38,21 @@ def test_bernoulli_availability_and_dropout_keep_their_rates_over_many_rounds():
     assert not any(d.lost(0, c) for c in range(60))  # a prologue over every client runs as it would
 
 
-def test_diurnal_availability_rises_and_falls_around_its_mean():
-    d = deployment(availability="diurnal:0.4")
-    share = np.array([np.mean([d.availability.online(0, r, c, 0.0) for c in range(60)]) for r in range(1, 481)])
-    assert share.mean() == pytest.approx(0.4, abs=0.02)
-    assert share.max() - share.min() > 0.2  # clients peak at different times, but the share still swings
+def test_diurnal_availability_follows_the_simulated_clock_and_sampling_follows_it():
+    d = deployment(availability="diurnal:0.4", devices="fixed")  # tests/deployment/test_diurnal.py: its swing
+    pattern = d.availability.pattern
+    assert (pattern.mean, pattern.period_h, pattern.zones) == (0.4, 24.0, 1)
+    assert pattern.amplitude == pytest.approx(0.32)
+    peak, trough = 6 * 3600.0, 18 * 3600.0  # probability 0.72 and 0.08, every client alike
+    assert pattern.probability(5, peak) == pytest.approx(0.72)
+    assert pattern.probability(5, trough) == pytest.approx(0.08)
+    for r in range(1, 40):
+        at_peak = {c for c in range(60) if d.availability.online(d.cfg.seed, r, c, peak)}
+        at_trough = {c for c in range(60) if d.availability.online(d.cfg.seed, r, c, trough)}
+        assert at_trough <= at_peak  # one draw a (round, client), against a higher chance at the peak
+        for t, pool in ((peak, at_peak), (trough, at_trough)):  # only the clients online at the round's start
+            sampled = d.sample(r, t)
+            assert set(sampled) <= pool and len(sampled) == min(12, len(pool))
 
 
 def test_over_selection_samples_k_times_one_plus_x():
@@ -85,7 +95,7 @@ def test_lost_clients_leave_the_plan_and_a_chain_goes_on_without_them():
     d = deployment(dropout=0.5)
     rnd = next(r for r in range(1, 50) if [d.lost(r, c) for c in (0, 1, 2)] == [False, True, False])
     jobs, lost = d.without_lost(rnd, [Job((0, 1, 2), "chain"), Job((1,), "alone")])
-    assert jobs == [Job((0, 2), "chain")] and lost == 2
+    assert jobs == [Job((0, 2), "chain")] and lost == [1, 1]
 
 
 def test_an_ideal_deployment_changes_no_number_and_devices_alone_only_time_the_rounds(tmp_path):
@@ -136,7 +146,15 @@ def test_an_availability_trace_repeats_over_its_span_and_says_when_someone_comes
     assert trace.span_s == 60
     assert [trace.online(0, t) for t in (5, 15, 55, 65)] == [True, False, True, True]  # 65 is 5 again
     assert trace.online(3, 25) and not trace.online(2, 25)  # client 3 follows trace client 1, client 2 client 0
-    assert trace.next_online_s(12) == 8 and trace.next_online_s(25) == 0 and trace.next_online_s(35) == 15
+    everyone = [0, 1]
+    assert trace.next_online_s(12, everyone) == 8 and trace.next_online_s(25, everyone) == 0
+    assert trace.next_online_s(35, everyone) == 15
+    # only the trace clients the run follows count: client 0 alone waits for 50 s, not 20
+    assert trace.next_online_s(12, [0]) == 38 and trace.next_online_s(12, [2, 4]) == 38
+    assert trace.next_online_s(12, []) == math.inf
+    # online from its start to its upload, or lost when it goes offline
+    assert trace.offline_at(0, 2, 8) is None and trace.offline_at(0, 2, 12) == 10
+    assert trace.offline_at(0, 55, 65) is None  # 60 wraps to 0: still online until 70
 
 
 def test_a_device_trace_takes_seconds_or_a_speed_and_is_reused_past_its_clients(tmp_path):
@@ -251,9 +269,9 @@ def test_a_fedscale_device_trace_converts_to_raysims(tmp_path):
     (tmp_path / "fedscale.pkl").write_bytes(pickle.dumps(fedscale))
     assert main([str(tmp_path / "fedscale.pkl"), str(tmp_path / "devices.csv")]) == 0
     got = read_devices(str(tmp_path / "devices.csv"), Device(latency_s=0.0))
-    # client 3 first (by id): 3 x 10 ms a sample; 16 and 4 Mbit/s
-    assert got[0] == Device(pytest.approx(0.03), 16 * MEGABIT, 4 * MEGABIT, 0.0)
-    assert got[1] == Device(pytest.approx(0.15), 2 * MEGABIT, 2 * MEGABIT, 0.0)
+    # client 3 first (by id): 3 x 10 ms a sample; FedScale's kilobit is 1,024 bits, so 16.384 and 4.096 Mbit/s
+    assert got[0] == Device(pytest.approx(0.03), 16.384 * MEGABIT, 4.096 * MEGABIT, 0.0)
+    assert got[1] == Device(pytest.approx(0.15), 2.048 * MEGABIT, 2.048 * MEGABIT, 0.0)
 
 
 def test_tensorboard_plots_the_accuracies_against_the_simulated_clock(tmp_path):
@@ -278,11 +296,11 @@ class EvenClientsOnly:
     def online(self, seed: int, rnd: int, client: int, now_s: float) -> bool:
         return client % 2 == 0
 
-    def next_online_s(self, now_s: float) -> float:
+    def next_online_s(self, now_s: float, clients) -> float:
         return 0.0
 
 
-def make_even(param, d):  # the registry's maker: (param, deployment settings) -> the model
+def make_even(param, d, n):  # the registry's maker: (param, deployment settings, clients) -> the model
     return EvenClientsOnly()
 
 

@@ -206,7 +206,7 @@ class ServerActor:
         ray.put(np.zeros(1))  # the first put connects to the object store: not in round 1
         return str(ray.get_runtime_context().get_node_id())
 
-    def plan(self, rnd: int, sampled: Sequence[int]) -> list[Job]:
+    def plan(self, rnd: int, sampled: Sequence[int] | None) -> list[Job]:
         import ray
 
         self._jobs = self.host.plan(rnd, sampled)
@@ -249,6 +249,11 @@ class ServerActor:
 
     def eval_payload(self) -> Any:
         return self.host.eval_payload()
+
+    def take_commits(self) -> tuple[list[int], dict[int, Any]]:
+        """Called with ``num_returns=2``: the clients whose memory the last async step's arrivals
+        changed, and a dict of those memories (for their home workers)."""
+        return self.host.take_commits()
 
     def observe_validation(self, rnd: int, accuracy: float) -> Any:
         self.host.observe_validation(rnd, accuracy)

@@ -29,8 +29,9 @@ class Executor(Protocol):
         :meth:`shutdown` stops it only if it started it."""
         ...
 
-    def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
-        """Plan, train and aggregate round ``rnd`` over the ``sampled`` clients; then, if the
+    def train_round(self, rnd: int, sampled: Sequence[int] | None = None) -> RoundStats:
+        """Plan, train and aggregate round ``rnd`` over the clients the server samples (the
+        deployment's draw on the server's clock; ``sampled``: these instead); then, if the
         algorithm asks (its ``validation`` capability, ``RoundStats.validate``), evaluate the global
         model on the validation parts and pass the accuracy back to the server
         (:func:`raysim.engine.executors.evaluation.validated`: ``val_gm`` among the stats' scalars)."""

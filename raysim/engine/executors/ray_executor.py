@@ -162,14 +162,36 @@ class RayExecutor:
 
     # ---- rounds
 
-    def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
-        """The server's plan for the round, scheduled (:mod:`~raysim.engine.executors.schedule`) and
-        submitted wave by wave until every segment is done (a failed call's segments go again, on
-        a replacement worker); then the server aggregates, and the global model is validated if
-        the algorithm asks."""
+    def train_round(self, rnd: int, sampled: Sequence[int] | None = None) -> RoundStats:
+        """The server's plan for the round (over the clients it samples, or ``sampled``),
+        scheduled (:mod:`~raysim.engine.executors.schedule`) and submitted wave by wave until every
+        segment is done (a failed call's segments go again, on a replacement worker); then the
+        server aggregates (in async mode, plan and aggregate again until the server's step is
+        known, and its arrivals' memories go to their clients' workers), and the global model is
+        validated if the algorithm asks."""
+        stats = self._train(rnd, sampled)
+        while stats.pending:
+            stats = self._train(rnd, sampled)
+        if stats.commits:
+            self._commit()
+        return validated(stats, rnd, self.validate)
+
+    def _commit(self) -> None:
+        """The last async step's arrivals' memories, written on their clients' home workers."""
         import ray
 
-        planned: list[Job] = server_get(self.server.plan.remote(rnd, list(sampled)))
+        clients_ref, memories = self.server.take_commits.options(num_returns=2).remote()
+        clients: list[int] = server_get(clients_ref)
+        by_worker: dict[int, list[int]] = {}
+        for c in clients:
+            by_worker.setdefault(self.pool.home[c], []).append(c)
+        ray.get([self.pool.workers[w].import_states.remote([cs], memories) for w, cs in by_worker.items()])
+        self.pool.latest.update(dict.fromkeys(clients, memories))
+
+    def _train(self, rnd: int, sampled: Sequence[int] | None) -> RoundStats:
+        import ray
+
+        planned: list[Job] = server_get(self.server.plan.remote(rnd, None if sampled is None else list(sampled)))
         blocked = (
             self.presum
             and len(planned) >= PRESUM_MIN_JOBS
@@ -213,7 +235,7 @@ class RayExecutor:
         stats: RoundStats = server_get(stats_ref)
         ray.get(homecoming)
         self.server_state = state_ref
-        return validated(stats, rnd, self.validate)
+        return stats
 
     def _submit(self, rnd: int, plan: RoundPlan, call: Call, results: list[list[Any]]) -> tuple[Any, Any]:
         """Submit ``call``; its members' results refs go into ``results``. Returns the refs of the

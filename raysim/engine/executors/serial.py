@@ -45,7 +45,18 @@ class SerialExecutor:
     def start(cls, experiment: Experiment, load_data: DataLoader) -> SerialExecutor:
         return cls(experiment, load_data())
 
-    def train_round(self, rnd: int, sampled: Sequence[int]) -> RoundStats:
+    def train_round(self, rnd: int, sampled: Sequence[int] | None = None) -> RoundStats:
+        """Round ``rnd`` over the clients the server samples (or ``sampled``): in async mode wave
+        after wave until the server's step is known, its arrivals' memories written after it."""
+        stats = self._wave(rnd, sampled)
+        while stats.pending:
+            stats = self._wave(rnd, sampled)
+        if stats.commits:
+            _, memories = self.server.take_commits()
+            self.runtime.memory.update(memories)
+        return validated(stats, rnd, self.validate)
+
+    def _wave(self, rnd: int, sampled: Sequence[int] | None) -> RoundStats:
         jobs = self.server.plan(rnd, sampled)
         results: list[JobResult | None] = [None] * len(jobs)
         for unit in batch_units(jobs, self.cfg.train.batch_clients, Batching.of(self.runtime.algo).pinned):
@@ -56,8 +67,7 @@ class SerialExecutor:
             else:
                 job = jobs[unit[0]]
                 results[unit[0]] = JobResult(job, tuple(self.runtime.run_chain(rnd, job.clients, job.payload, None)))
-        stats = self.server.aggregate(rnd, [r for r in results if r is not None])
-        return validated(stats, rnd, self.validate)
+        return self.server.aggregate(rnd, [r for r in results if r is not None])
 
     def evaluate(self, rnd: int) -> EvalReport:
         algo = self.runtime.algo
