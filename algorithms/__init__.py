@@ -6,6 +6,7 @@ from algorithms import (  # noqa: F401
     ditto,
     fed3p2,
     fedamp,
+    fedasync,
     fedavg,
     fedbabu,
     fedbuff,

@@ -54,7 +54,9 @@ class FedAsyncConfig:
 def mix(current: ModelWeights, upload: ModelWeights, alpha_t: float) -> ModelWeights:
     """(1 - alpha_t) current + alpha_t upload, part by part, in float64, as float32."""
     return map_parts(
-        lambda w, x: ((1.0 - alpha_t) * w.astype(np.float64) + alpha_t * x.astype(np.float64)).astype(np.float32),
+        lambda w, x: ((1.0 - alpha_t) * w.astype(np.float64) + alpha_t * x.astype(np.float64)).astype(
+            np.float32
+        ),
         current,
         upload,
     )

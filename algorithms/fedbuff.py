@@ -1,5 +1,5 @@
 """FedBuff (Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek and Huba, "Federated Learning with Buffered
-Asynchronous Aggregation", AISTATS 2022, Algorithm 1), a system baseline of issue 28.
+Asynchronous Aggregation", AISTATS 2022, Algorithm 1).
 
 Clients train as FedAvg's (E epochs of SGD from the model they downloaded) and upload their update
 Delta_k = w_start - w_k. Up to C clients train at once; the server keeps a buffer of arriving updates,
@@ -10,7 +10,9 @@ paper's polynomial choice 1/sqrt(1 + tau)), and after K of them it steps
 
 and clears the buffer. raysim runs the concurrency, the buffer and the staleness (``deployment.mode=
 async``, ``deployment.concurrency``, ``deployment.buffer``, ``deployment.staleness``; see
-:mod:`raysim.engine.buffered`) for any algorithm whose aggregate is a weighted average; what is
+:mod:`raysim.engine.buffered`) for any algorithm whose aggregate is a weighted average, driven by
+events as the paper's Algorithm 1 and the authors' simulator (FLSim) are: a client's place is
+refilled the moment its update arrives, and the step fires at the K-th arrival; what is
 FedBuff's own is the server step above, with the uniform 1/K mean over the buffer (not FedAvg's
 weighting by data size) and the server learning rate eta_g (``algo.server_lr``). Each uploaded
 update arrives rebased onto the current model, w'_k = w + s(tau_k) (w_k - w_start), so the step is

@@ -126,6 +126,15 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-analyses": {"algo": "fedavg", "eval.analyses": True, "data.partition": "shard:2"},
     # stale updates rebased and FedBuff's server step, on slow and varied devices
     "fedbuff": {"algo": "fedbuff", "deployment.mode": "async", "deployment.devices": "lognormal:1"},
+    # FedAsync's mixing of each arrival, with the hinge staleness and a staleness limit
+    "fedasync": {
+        "algo": "fedasync",
+        "deployment.mode": "async",
+        "deployment.buffer": 1,
+        "deployment.devices": "lognormal:1",
+        "deployment.staleness": "hinge:2:1",
+        "deployment.max_staleness": 4,
+    },
     # the NCHW layout (train.channels_last=false): the numbers recorded before channels-last came
     "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
 }

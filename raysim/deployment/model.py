@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from raysim import rng
-from raysim.capabilities.asynchronous import Staleness
 from raysim.config import DeploymentConfig, ExperimentConfig, from_dict, load_config_file
 from raysim.deployment import draws
 from raysim.deployment.clock import Arrival, Device, close_round, default_deadline
+from raysim.deployment.staleness import Staleness
 from raysim.deployment.traces import MEGABIT, AvailabilityTrace, read_devices
 from raysim.errors import ConfigError
 from raysim.registry import AVAILABILITY, COMPLETENESS, DEPLOYMENTS, DEVICES, KindSpec, load_ref, parse_kind

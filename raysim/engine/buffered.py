@@ -78,9 +78,13 @@ class Buffer:
     """The async server's state beside the algorithm's."""
 
     pool: tuple[InFlight, ...] = ()  # started, neither arrived nor known lost
-    received: tuple[InFlight, ...] = ()  # arrived, waiting for the step (only after a round that did not step)
+    received: tuple[
+        InFlight, ...
+    ] = ()  # arrived, waiting for the step (only after a round that did not step)
     free: tuple[float, ...] = ()  # places freed and not yet filled: the time each was freed
-    starts: tuple[tuple[int, ModelWeights], ...] = ()  # the models of the steps that updates in flight started from
+    starts: tuple[
+        tuple[int, ModelWeights], ...
+    ] = ()  # the models of the steps that updates in flight started from
     version: int = 0  # server steps so far
     clock_s: float = 0.0
     started: int = 0  # clients started so far (the next start's order)
@@ -203,7 +207,9 @@ def simulate(
                 f = InFlight(c, t, seq, buf.version, rnd, end if off is None else off, off is not None, jr)
             else:
                 sim.need.append(c)
-                f = InFlight(c, t, seq, buf.version, rnd, math.inf)  # not trained yet: arrives after everything here
+                f = InFlight(
+                    c, t, seq, buf.version, rnd, math.inf
+                )  # not trained yet: arrives after everything here
             seq += 1
             sim.started.append(f)
             if f.event_s < math.inf:
@@ -216,7 +222,9 @@ def simulate(
     if sim.fired:
         sim.buffer = Buffer(in_flight, (), tuple(sorted(free)), buf.starts, buf.version + 1, now, seq)
     else:  # the events ran out before K arrived: the buffer waits on, the clock at the last event
-        sim.buffer = Buffer(in_flight, tuple(sim.taken), tuple(sorted(free)), buf.starts, buf.version, now, seq)
+        sim.buffer = Buffer(
+            in_flight, tuple(sim.taken), tuple(sorted(free)), buf.starts, buf.version, now, seq
+        )
     return sim
 
 
@@ -269,7 +277,11 @@ def finish(
             out.append(JobResult(f.result.job, (*f.result.results[:-1], moved)))
     kept = {f.version for f in after.pool} | {f.version for f in after.received}
     after = replace(after, starts=tuple((v, w) for v, w in sorted(starts.items()) if v in kept))
-    commits = {f.client: f.result.final.memory for f in sim.arrived if f.result is not None and f.result.final.memory is not None}
+    commits = {
+        f.client: f.result.final.memory
+        for f in sim.arrived
+        if f.result is not None and f.result.final.memory is not None
+    }
     mean_tau = sum(buf.version - f.version for f in taken) / len(taken) if taken else 0.0
     return Step(
         out,
@@ -306,4 +318,14 @@ class Saved:
     clock: SyncClock | None = None
 
 
-__all__ = ["Buffer", "Environment", "InFlight", "Saved", "Simulation", "Step", "SyncClock", "finish", "simulate"]
+__all__ = [
+    "Buffer",
+    "Environment",
+    "InFlight",
+    "Saved",
+    "Simulation",
+    "Step",
+    "SyncClock",
+    "finish",
+    "simulate",
+]

@@ -169,6 +169,8 @@ def validate(cfg: ExperimentConfig) -> Experiment:
             "eval.updated_lm with train.batch_clients > 1 reads only what a client uploads, and "
             f"{cfg.algo} keeps personal parts (as this run is set): train its clients one by one."
         )
+    if cfg.deployment.time_budget_s is not None:
+        _check_time_budget(cfg, cls)
     if cfg.deployment.mode == "async" and not Asynchronous.of(cls).possible:
         raise ConfigError(f"{cfg.algo} cannot aggregate asynchronously (deployment.mode=async): {Asynchronous.of(cls).why_not}")
     if cfg.train.batch_clients > 1:
@@ -181,6 +183,25 @@ def validate(cfg: ExperimentConfig) -> Experiment:
                 "layers, whose statistics one batched step cannot keep per client."
             )
     return exp
+
+
+def _check_time_budget(cfg: ExperimentConfig, cls: Any) -> None:
+    """A run that stops when its clock reaches ``deployment.time_budget_s`` does not know its last
+    round in advance, so what runs only after the last round (``cfg.rounds``) is refused."""
+    from raysim.capabilities.extra_rounds import ExtraRounds
+    from raysim.capabilities.finetune import FineTune
+
+    why = None
+    if ExtraRounds.of(cls).epilogue:
+        why = f"{cfg.algo}'s pass over every client after the last round"
+    elif (ft := FineTune.of(cls)) is not None and ft.on(cfg):
+        why = "the fine-tuning after the last round (algo.ft_epochs; set it to 0)"
+    elif cfg.eval.features > 0:
+        why = "eval.features, exported after the last round"
+    if why is not None:
+        raise ConfigError(
+            f"deployment.time_budget_s (--sim-time) stops a run at a round not known in advance, so it cannot run {why}."
+        )
 
 
 def _check_training(cfg: ExperimentConfig) -> None:

@@ -197,14 +197,21 @@ class ServerHost:
             return []
         jobs = self.algo.plan(self.state, rnd, sorted(need))
         if any(len(j.clients) != 1 for j in jobs):
-            raise RuntimeError(f"{self.cfg.algo} planned a chain of clients, which async mode cannot start one by one.")
+            raise RuntimeError(
+                f"{self.cfg.algo} planned a chain of clients, which async mode cannot start one by one."
+            )
         return jobs
 
     def _simulate(self) -> buffered.Simulation:
         assert self.buffer is not None and self._round is not None
         d = self.deployment.d
         return buffered.simulate(
-            self.buffer, self._round.rnd, self.buffer_size, self._round.trained, self._round.env, max_staleness=d.max_staleness
+            self.buffer,
+            self._round.rnd,
+            self.buffer_size,
+            self._round.trained,
+            self._round.env,
+            max_staleness=d.max_staleness,
         )
 
     def _async_aggregate(self, rnd: int, results: Sequence[JobResult]) -> RoundStats:
@@ -212,7 +219,9 @@ class ServerHost:
         self._round.trained.update({jr.final.client: jr for jr in results})
         sim = self._simulate()
         if sim.need:  # another wave: the executor trains the server's next plan
-            return RoundStats(rnd=rnd, clients=0, train_loss=0.0, num_samples=0, bytes_down=0, bytes_up=0, pending=True)
+            return RoundStats(
+                rnd=rnd, clients=0, train_loss=0.0, num_samples=0, bytes_down=0, bytes_up=0, pending=True
+            )
         now = Asynchronous.started_from(self.algo, self.state)
         rebase = Asynchronous.of(self.algo).rebase
         taken = buffered.finish(self.buffer, sim, now, self.staleness, rebase=rebase)
@@ -225,7 +234,9 @@ class ServerHost:
         started = [r for f in taken.started for r in f.result.results] if taken.started else []  # type: ignore[union-attr]
         arrived = [r for jr in taken.results for r in jr.results]
         extra = (("staleness", taken.staleness), ("in_flight", float(len(taken.buffer.pool))))
-        return self._stats(rnd, started, arrived, closed, taken.lost, taken.stale, extra, tuple(sorted(taken.commits)))
+        return self._stats(
+            rnd, started, arrived, closed, taken.lost, taken.stale, extra, tuple(sorted(taken.commits))
+        )
 
     def take_commits(self) -> tuple[list[int], dict[int, Any]]:
         """The clients whose memory the last async step's arrivals changed, and those memories

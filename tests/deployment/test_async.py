@@ -4,19 +4,15 @@ flight never started twice, a checkpoint that keeps what is in flight, and the r
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from algorithms.fedbuff import server_step
 from raysim import checkpoint
-from raysim.capabilities.asynchronous import rebased, staleness_weight
+from raysim.capabilities.asynchronous import Staleness, rebased, staleness_weight
 from raysim.config import replace
-from raysim.capabilities.asynchronous import Staleness
 from raysim.engine.buffered import Buffer, finish, simulate
-from raysim.engine.executors.serial import SerialExecutor
-from raysim.engine.runner import prepare, run_experiment
+from raysim.engine.runner import run_experiment
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 from tests.conftest import tiny_config, without_times
@@ -47,7 +43,12 @@ class Hand:
     """A hand-made deployment for the event simulation: known times per client, everyone
     available, the lowest ids drawn first, nothing lost unless listed."""
 
-    def __init__(self, times: dict[int, float], lost: dict[int, float] | None = None, offline: dict[int, float] | None = None):
+    def __init__(
+        self,
+        times: dict[int, float],
+        lost: dict[int, float] | None = None,
+        offline: dict[int, float] | None = None,
+    ):
         self.times, self.lost_at, self.offline = times, lost or {}, offline or {}
 
     def available(self, rnd, now_s):
@@ -95,8 +96,16 @@ def test_the_event_driven_hand_case_four_clients_c_2_k_2():
     # (one step stale) and its place starts 2; 0 arrives at 3.5: the step. Round 3: 3.5 starts 0;
     # 2 and 0 both arrive at 4.5 (2 started first, so it arrives first): the step. Round 4: two
     # places at 4.5, one draw: 0 and 1; 0 arrives at 5.5 and starts 2, who arrives at 7.
-    assert starts == [[(0, 0.0), (1, 0.0), (2, 1.0)], [(0, 2.5), (2, 3.0)], [(0, 3.5)], [(0, 4.5), (1, 4.5), (2, 5.5)]]
-    taken = [[(f.client, buf_version - f.version) for f in sim.taken] for (sim, _), buf_version in zip(steps, range(4))]
+    assert starts == [
+        [(0, 0.0), (1, 0.0), (2, 1.0)],
+        [(0, 2.5), (2, 3.0)],
+        [(0, 3.5)],
+        [(0, 4.5), (1, 4.5), (2, 5.5)],
+    ]
+    taken = [
+        [(f.client, buf_version - f.version) for f in sim.taken]
+        for (sim, _), buf_version in zip(steps, range(4), strict=True)
+    ]
     assert taken == [[(0, 0), (2, 0)], [(1, 1), (0, 0)], [(2, 1), (0, 0)], [(0, 0), (2, 0)]]
     assert [step.buffer.clock_s for _, step in steps] == [2.5, 3.5, 4.5, 7.0]
     assert [step.duration_s for _, step in steps] == [2.5, 1.0, 1.0, 2.5]
@@ -156,9 +165,16 @@ def test_the_waves_give_the_event_order_whatever_was_trained_before():
 def test_a_fresh_async_step_is_a_synchronous_round_to_the_bit(tmp_path):
     iid = {"data.partition": "iid", "rounds": 4}
     sync = run_experiment(tiny_config(tmp_path / "s", **iid))
-    fresh = {"deployment.mode": "async", "deployment.concurrency": 4, "deployment.buffer": 4, "deployment.staleness": "constant"}
+    fresh = {
+        "deployment.mode": "async",
+        "deployment.concurrency": 4,
+        "deployment.buffer": 4,
+        "deployment.staleness": "constant",
+    }
     run = run_experiment(tiny_config(tmp_path / "a", **iid, **fresh))
-    rows = [{k: v for k, v in r.items() if k not in ("staleness", "in_flight")} for r in without_times(run.rows)]
+    rows = [
+        {k: v for k, v in r.items() if k not in ("staleness", "in_flight")} for r in without_times(run.rows)
+    ]
     assert rows == without_times(sync.rows)
     assert all(r["staleness"] == 0.0 and r["in_flight"] == 0.0 for r in run.rows)
 
@@ -167,7 +183,12 @@ def test_fedbuff_with_the_buffer_the_cohort_and_no_staleness_is_fedavg(tmp_path)
     """Equal clients (IID, equal sizes), so FedAvg's weighting by size is FedBuff's uniform mean;
     FedBuff steps w + 1 * mean(w_k - w) where FedAvg takes mean(w_k): equal up to float rounding."""
     iid = {"data.partition": "iid", "rounds": 4, "output.checkpoint_every": 4}
-    fresh = {"deployment.mode": "async", "deployment.concurrency": 4, "deployment.buffer": 4, "deployment.staleness": "constant"}
+    fresh = {
+        "deployment.mode": "async",
+        "deployment.concurrency": 4,
+        "deployment.buffer": 4,
+        "deployment.staleness": "constant",
+    }
     fedavg = run_experiment(tiny_config(tmp_path / "avg", **iid))
     fedbuff = run_experiment(tiny_config(tmp_path / "buff", algo="fedbuff", **iid, **fresh))
     for a, b in zip(fedavg.rows, fedbuff.rows, strict=True):
@@ -200,14 +221,18 @@ def test_busy_clients_are_not_started_again_and_every_step_takes_k(tmp_path, mon
         return sim
 
     monkeypatch.setattr(buffered, "simulate", spy)
-    cfg = tiny_config(tmp_path, algo="fedbuff", rounds=6, **ASYNC, **{"deployment.concurrency": 6, "deployment.buffer": 2})
+    cfg = tiny_config(
+        tmp_path, algo="fedbuff", rounds=6, **ASYNC, **{"deployment.concurrency": 6, "deployment.buffer": 2}
+    )
     run = run_experiment(cfg)
     assert len(passes) == 6
     for busy, sim in passes:
         started = [f.client for f in sim.started]
         assert not set(started) & busy and len(set(started)) == len(started)
         assert sim.fired and len(sim.taken) == 2  # a step takes K = 2 updates, no fewer
-    assert max(r["staleness"] for r in run.rows) > 0  # slower clients' updates arrive steps after they started
+    assert (
+        max(r["staleness"] for r in run.rows) > 0
+    )  # slower clients' updates arrive steps after they started
 
 
 def test_a_checkpoint_keeps_the_updates_in_flight(tmp_path):
@@ -229,27 +254,48 @@ def test_a_checkpoint_keeps_the_updates_in_flight(tmp_path):
     ("settings", "needle"),
     [
         ({"algo": "fed3p2", "deployment.mode": "async"}, "fed3p2 cannot aggregate asynchronously"),
-        ({"algo": "fedpac", "model": "cnn_pac", "deployment.mode": "async"}, "fedpac cannot aggregate asynchronously"),
+        (
+            {"algo": "fedpac", "model": "cnn_pac", "deployment.mode": "async"},
+            "fedpac cannot aggregate asynchronously",
+        ),
         ({"algo": "scaffold", "deployment.mode": "async"}, "its aggregate is not a weighted average"),
         ({"algo": "fedbuff"}, "fedbuff aggregates asynchronously: it needs deployment.mode=async"),
-        ({"deployment.mode": "async", "deployment.buffer": 5}, "deployment.buffer (5) cannot exceed deployment.concurrency (4)"),
-        ({"deployment.mode": "async", "deployment.concurrency": 9}, "deployment.concurrency (9) cannot exceed the clients (8)"),
+        (
+            {"deployment.mode": "async", "deployment.buffer": 5},
+            "deployment.buffer (5) cannot exceed deployment.concurrency (4)",
+        ),
+        (
+            {"deployment.mode": "async", "deployment.concurrency": 9},
+            "deployment.concurrency (9) cannot exceed the clients (8)",
+        ),
         (
             {"deployment.mode": "async", "deployment.devices": "fixed", "deployment.policy": "deadline"},
             "in async mode the server steps every deployment.buffer updates",
         ),
         ({"deployment.buffer": 2}, "read only in async mode"),
         ({"deployment.mode": "asynchronous"}, "deployment.mode"),
-        ({"deployment.mode": "async", "deployment.concurrency": 0}, "deployment.concurrency must be at least 1"),
+        (
+            {"deployment.mode": "async", "deployment.concurrency": 0},
+            "deployment.concurrency must be at least 1",
+        ),
         ({"algo": "fedbuff", "deployment.mode": "async", "algo.server_lr": 0}, "server_lr must be above 0"),
-        ({"algo": "fedbuff", "deployment.mode": "async", "algo.server_momentum": 1}, "server_momentum must be below 1"),
+        (
+            {"algo": "fedbuff", "deployment.mode": "async", "algo.server_momentum": 1},
+            "server_momentum must be below 1",
+        ),
     ],
 )
 def test_async_runs_that_cannot_be_are_refused(settings, needle):
     from raysim.api import checked_experiment
     from raysim.errors import ConfigError
 
-    base = {"data.dataset": "synthetic", "model": "mlp_fcd", "clients": 8, "participation": 0.5, "ray.executor": "serial"}
+    base = {
+        "data.dataset": "synthetic",
+        "model": "mlp_fcd",
+        "clients": 8,
+        "participation": 0.5,
+        "ray.executor": "serial",
+    }
     with pytest.raises(ConfigError) as e:
         checked_experiment(None, set={**base, "paper_setup": False, **settings})
     assert needle in str(e.value)
@@ -258,7 +304,13 @@ def test_async_runs_that_cannot_be_are_refused(settings, needle):
 def test_fedbuffs_paper_setup_turns_async_on():
     from raysim.api import checked_experiment
 
-    base = {"data.dataset": "synthetic", "model": "mlp_fcd", "clients": 8, "ray.executor": "serial", "algo": "fedbuff"}
+    base = {
+        "data.dataset": "synthetic",
+        "model": "mlp_fcd",
+        "clients": 8,
+        "ray.executor": "serial",
+        "algo": "fedbuff",
+    }
     assert checked_experiment(None, set=base).cfg.deployment.mode == "async"
 
 
@@ -268,7 +320,9 @@ def asynchronous_algorithms() -> list[str]:
     from tests.golden import CASES
 
     ours = sorted(
-        n for n, c in ALGORITHMS.items() if c.__module__.startswith("algorithms.") and Asynchronous.of(c).possible
+        n
+        for n, c in ALGORITHMS.items()
+        if c.__module__.startswith("algorithms.") and Asynchronous.of(c).possible
     )
     return [next(case for case, s in CASES.items() if s["algo"] == name) for name in ours]
 
@@ -277,7 +331,13 @@ def asynchronous_algorithms() -> list[str]:
 def test_every_algorithm_that_can_runs_asynchronously_with_stale_updates(case, tmp_path):
     from tests.golden import case_config
 
-    cfg = replace(case_config(case, tmp_path), rounds=3, **ASYNC, **{"deployment.concurrency": 4, "deployment.buffer": 2})
+    buffer = 1 if case == "fedasync" else 2  # FedAsync mixes each arrival in: a buffer of one
+    cfg = replace(
+        case_config(case, tmp_path),
+        rounds=3,
+        **ASYNC,
+        **{"deployment.concurrency": 4, "deployment.buffer": buffer},
+    )
     run = run_experiment(cfg)
     assert [r["round"] for r in run.rows] == [1, 2, 3] and run.rows[-1]["sim_time_s"] > 0
     assert max(r["staleness"] for r in run.rows) > 0

@@ -146,6 +146,7 @@ BATCHED = {
     "fedexp": {},
     # asynchronous: a step's started clients trained together, stale updates rebased after
     "fedbuff": {"deployment.mode": "async", "deployment.devices": "lognormal:1"},
+    "fedasync": {"deployment.mode": "async", "deployment.buffer": 1, "deployment.devices": "lognormal:1"},
     "fedbabu": {"algo.ft_epochs": 0},
     "feddrplus": {"train.lr": 0.3, "algo.ft_epochs": 0},
     "spherefed": {"train.lr": 0.5},  # its calibration epilogue too
