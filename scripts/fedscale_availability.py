@@ -28,11 +28,11 @@ for every client whose finish time divides P (a note on stderr names the others)
 online at P, the CSV's span (its latest ``end_s``, L) is shorter than FedScale's period: a note on
 stderr says so, and ``--keep-period`` shifts every interval P - L seconds later, which keeps the
 period and each client's time online (FedScale's second t is then raysim's t + P - L). A trace that
-cannot be converted (an interval that does not end after it starts, as raysim's trace cannot hold
-one of no length, which FedScale counts online at its one instant; lists of unequal length, a time
+cannot be converted (an interval that ends before it starts; lists of unequal length, a time
 that is not a finite number at least 0, a ``finish_time`` before the client's latest ``inactive``
 time, a client id that is not a whole number, no client with an interval) ends in one sentence and
-exit status 2.
+exit status 2. An interval of no length, which FedScale counts online at its one instant (its own
+test data has them), is left out: raysim's trace cannot hold one, and no work fits in it.
 
     python scripts/fedscale_availability.py client_behave_trace availability.csv
     python scripts/run.py --set deployment.availability=trace \\
@@ -182,10 +182,12 @@ def _intervals(key: Any, entry: Any) -> tuple[list[tuple[float, float]], float]:
     intervals = []
     for i, (a, b) in enumerate(zip(active, inactive, strict=True)):
         start, end = _seconds(a, key, f"active[{i}]"), _seconds(b, key, f"inactive[{i}]")
-        if end <= start:
+        if end == start:  # an instant online (FedScale's own test data has them): no work fits in it
+            continue
+        if end < start:
             raise ConfigError(
                 f"Client {key!r}'s interval {i} ends at {end:g} s (inactive[{i}]), "
-                f"not after it starts at {start:g} s (active[{i}])."
+                f"before it starts at {start:g} s (active[{i}])."
             )
         intervals.append((start, end))
     latest = max((end for _, end in intervals), default=0.0)

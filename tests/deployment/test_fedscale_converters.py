@@ -82,6 +82,15 @@ def test_a_hand_made_behaviour_trace_converts_to_exact_rows_raysim_reads(tmp_pat
     )
 
 
+def test_an_interval_of_no_length_is_left_out(tmp_path):
+    """FedScale's own test data pairs active 1 with inactive 1: an instant online, in which no work
+    fits, and which raysim's trace cannot hold."""
+    trace = {0: {"active": [1, 3, 6, 9], "inactive": [1, 4, 7, 10], "finish_time": 12}}
+    proc, out = convert(AVAILABILITY, trace, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert rows(out)[1:] == [["0", "3", "4"], ["0", "6", "7"], ["0", "9", "10"]]
+
+
 def test_clients_with_different_finish_times_repeat_over_the_longest(tmp_path):
     trace = {
         1: {"active": [0], "inactive": [10], "finish_time": 40},
@@ -145,8 +154,8 @@ def test_client_ids_are_whole_numbers_ordered_as_numbers(tmp_path):
 
 
 BAD = [
-    ({1: {"active": [0, 20], "inactive": [10, 20], "finish_time": 30}}, "Client 1's interval 1 ends at 20 s"),
-    ({1: {"active": [5], "inactive": [2], "finish_time": 30}}, "not after it starts at 5 s (active[0])."),
+    ({1: {"active": [0, 20], "inactive": [10, 15], "finish_time": 30}}, "Client 1's interval 1 ends at 15 s"),
+    ({1: {"active": [5], "inactive": [2], "finish_time": 30}}, "before it starts at 5 s (active[0])."),
     (
         {1: {"active": [0, 20], "inactive": [10], "finish_time": 30}},
         "Client 1 has 2 active times but 1 inactive times; FedScale pairs them",
