@@ -402,6 +402,11 @@ class Deployment:
             t = end
         return out
 
+    def work_s(self, jr: JobResult) -> float:
+        """A job's time on its clients' devices, from its start to its last link's upload (whether
+        its clients stay online the while is :meth:`offline_at`'s)."""
+        return sum(self.devices[r.client].round_time(r.samples_trained, r.bytes_down, r.bytes_up) for r in jr.results)
+
     def arrivals(self, results: Sequence[JobResult], start_s: float = 0.0) -> list[Arrival]:
         """Every update's arrival, from the round's start (every job starts with it)."""
         return [a for jr in results for a in self.chain_arrivals(jr, start_s)]

@@ -188,13 +188,6 @@ def simulate(
         candidates = [c for c in env.available(rnd, t) if c not in busy and c not in started_now]
         chosen = env.draw(rnd, batch, candidates, min(places, len(candidates))) if candidates else []
         batch += 1 if chosen else 0
-        if len(chosen) < places:  # no one (else) to start: wait for someone
-            wait = env.next_online_s(t, busy | started_now)
-            if 0 < wait < math.inf and t + wait > t:
-                for _ in range(places - len(chosen)):
-                    heapq.heappush(heap, (t + wait, START, next(order), None))
-            else:
-                waiting += places - len(chosen)
         for c in chosen:
             started_now.add(c)
             busy.add(c)
@@ -215,6 +208,13 @@ def simulate(
             if f.event_s < math.inf:
                 heapq.heappush(heap, (f.event_s, ARRIVE, f.seq, f))
             pool[f.seq] = f
+        if len(chosen) < places:  # no one (else) to start: wait for someone
+            wait = env.next_online_s(t, busy | started_now)
+            if 0 < wait < math.inf and t + wait > t:
+                for _ in range(places - len(chosen)):
+                    heapq.heappush(heap, (t + wait, START, next(order), None))
+            else:
+                waiting += places - len(chosen)
     if sim.need:
         return sim
     free = [t for t, kind, _, _ in heap if kind == START] + [now] * waiting

@@ -54,8 +54,7 @@ class AsyncEnvironment:
         return self.host._nominal(client)
 
     def duration_s(self, result: JobResult) -> float:
-        arrivals = self.deployment.chain_arrivals(result)
-        return arrivals[-1].time_s if arrivals else 0.0
+        return self.deployment.work_s(result)
 
     def offline_at(self, client: int, start_s: float, end_s: float) -> float | None:
         return self.deployment.offline_at(client, start_s, end_s)

@@ -340,3 +340,28 @@ def test_serial_equals_ray_under_the_timed_settings(case, tmp_path, ray_local):
     )
     assert without_times(ray_run.rows) == without_times(serial.rows)
     assert serial.rows[-1]["sim_time_s"] > 0
+
+
+@pytest.mark.ray
+def test_serial_equals_ray_with_clients_going_offline_in_flight(tmp_path, ray_local):
+    """FedBuff on an availability trace whose clients go offline mid-work now and then: losses known
+    as they go offline, places refilled then, the clock and the in-flight clients the same on both."""
+    f = tmp_path / "avail.csv"
+    f.write_text(
+        "client,start_s,end_s\n"
+        + "".join(f"{c},{0.1 * c},{0.1 * c + 0.25}\n{c},{0.1 * c + 0.3},40\n" for c in range(8))
+    )
+    setup = {
+        "algo": "fedbuff",
+        "rounds": 5,
+        **LOGNORMAL,
+        "deployment.mode": "async",
+        "deployment.concurrency": 4,
+        "deployment.buffer": 2,
+        "deployment.availability": "trace",
+        "deployment.availability_file": str(f),
+    }
+    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
+    ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
+    assert without_times(ray_run.rows) == without_times(serial.rows)
+    assert serial.rows[-1]["updates_lost"] > 0 and serial.rows[-1]["sim_time_s"] > 0
