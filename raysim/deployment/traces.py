@@ -11,7 +11,9 @@ Availability (``deployment.availability=trace``, ``deployment.availability_file`
 Each row is an interval of simulated seconds in which the trace's client is online. The trace is
 periodic over its span (the latest ``end_s``), as a week-long behaviour trace replayed; raysim's
 client ``i`` follows the trace's ``i mod n``-th client (its clients by id), so a trace of fewer
-clients is reused. A client is available in a round if it is online at the round's start.
+clients is reused. A client can be sampled when it is online (at a round's start; in async mode
+when a place is free), and its update is lost if it goes offline before its upload
+(:meth:`AvailabilityTrace.offline_at`).
 
 Devices (``deployment.devices=trace``, ``deployment.devices_file``)::
 
@@ -25,7 +27,10 @@ A trace gives a device's compute in one of the two columns, not both. Clients ma
 the availability trace. A FedScale device trace (a pickle of
 ``{client_id: {"computation": ms_per_sample, "communication": kbit_per_s}}``) converts with
 ``python scripts/fedscale_devices.py IN.pkl OUT.csv``: FedScale times a sample's training as three
-times its ``computation`` milliseconds (forward and backward) and uses one bandwidth both ways.
+times its ``computation`` milliseconds (forward and backward) and uses one bandwidth both ways,
+in kilobits of 1,024 bits. A FedScale behaviour trace (a pickle of ``{client_id: {"active": [...],
+"inactive": [...], "finish_time": T}}``) converts to an availability trace with
+``python scripts/fedscale_availability.py IN.pkl OUT.csv``.
 
 Both are read when the driver checks the deployment (:func:`raysim.deployment.model.check`), and
 what a user gets wrong is one sentence naming the file and line: a column raysim does not read
@@ -60,7 +65,11 @@ UNITS = {
     "up_mbps": "megabits a second",
     "latency_s": "seconds",
 }
-CONVERT = "a FedScale device pickle converts with scripts/fedscale_devices.py"
+#: how each trace's FedScale pickle converts, said where a pickle is given as a trace
+CONVERT = {
+    "device": "a FedScale device pickle converts with scripts/fedscale_devices.py",
+    "availability": "a FedScale behaviour trace converts with scripts/fedscale_availability.py",
+}
 
 
 def _rows(
@@ -82,7 +91,7 @@ def _rows(
             header = [name.strip() for name in next(reader, [])]
             lines = [(reader.line_num, fields) for fields in reader if fields]
     except UnicodeDecodeError:
-        also = f"; {CONVERT}" if what == "device" else ""
+        also = f"; {CONVERT[what]}" if what in CONVERT else ""
         raise ConfigError(f"The {what} trace {path} is not a CSV text file{also}.") from None
     except csv.Error as e:
         raise ConfigError(f"The {what} trace {path} does not parse as CSV ({e}).") from None
