@@ -73,6 +73,7 @@ class AsyncRound:
     rnd: int
     env: AsyncEnvironment
     trained: dict[int, JobResult] = field(default_factory=dict)
+    asked: set[int] = field(default_factory=set)  # the clients its waves have planned
 
 
 class ServerHost:
@@ -194,6 +195,10 @@ class ServerHost:
         need = self._simulate().need
         if not need:
             return []
+        again = sorted(set(need) & self._round.asked)
+        if again:
+            raise RuntimeError(f"{self.cfg.algo} planned no job for client(s) {again} of an async round's wave.")
+        self._round.asked.update(need)
         jobs = self.algo.plan(self.state, rnd, sorted(need))
         if any(len(j.clients) != 1 for j in jobs):
             raise RuntimeError(

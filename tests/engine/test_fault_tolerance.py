@@ -36,6 +36,22 @@ SETUP: dict[str, Any] = {
 }
 
 
+def gone(actor: Any) -> None:
+    """Wait until ``actor`` is dead: ``ray.kill`` only asks for it, and a call sent at once may still
+    be served (on a loaded machine, the next round's evaluation)."""
+    import time
+
+    import ray
+
+    for _ in range(200):
+        try:
+            ray.get(actor.ping.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers after 10 s")
+
+
 class Kill(BaseCallback):
     """``ray.kill`` an actor of the running executor when round ``rnd`` is logged: at once (it is
     gone when the next round starts) or, ``mid_round``, as soon as the next round has submitted its
@@ -53,6 +69,7 @@ class Kill(BaseCallback):
         actor = ex.server if self.which == "server" else ex.workers[1]
         if not self.mid_round:
             ray.kill(actor)
+            gone(actor)
             return
         submit = ex._submit
 
