@@ -44,7 +44,6 @@ from __future__ import annotations
 import csv
 import math
 import numbers
-import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from raysim.commands.flags import Parser  # noqa: E402
+from raysim.deployment.traces import article, read_fedscale_pickle  # noqa: E402
 from raysim.errors import ConfigError  # noqa: E402
 
 PROG = "fedscale_availability.py"
@@ -65,51 +65,7 @@ MAX_ROWS = 5_000_000
 
 def read_trace(path: str) -> dict[Any, Any]:
     """FedScale's availability trace from the pickle ``path``; a file that is not one is a ConfigError."""
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise ConfigError(f"The FedScale availability trace {path} does not exist.")
-    if not file.is_file():
-        raise ConfigError(f"The FedScale availability trace {path} is a directory, not a file ({SHAPE}).")
-    try:
-        with open(file, "rb") as f:
-            text = _is_text(f.read(4096))
-            f.seek(0)
-            trace = None if text else pickle.load(f)  # a file the user names: FedScale's format is a pickle
-    except OSError as e:
-        raise ConfigError(
-            f"The FedScale availability trace {path} cannot be read ({e.strerror or e})."
-        ) from None
-    except Exception as e:  # unpickling a file that is not a pickle fails in many ways
-        raise ConfigError(
-            f"{path} is not a pickle ({type(e).__name__}: {str(e).rstrip('.')}); "
-            f"FedScale's availability trace is {SHAPE}."
-        ) from None
-    if text:
-        raise ConfigError(
-            f"{path} is a text file, not a pickle: FedScale's availability trace is {SHAPE} "
-            "(a CSV in raysim's columns is read as it is by deployment.availability_file)."
-        )
-    if not isinstance(trace, Mapping):
-        raise ConfigError(f"{path} holds {_a(trace)}, not FedScale's availability trace ({SHAPE}).")
-    if not trace:
-        raise ConfigError(f"{path} holds no clients.")
-    return dict(trace)
-
-
-def _is_text(head: bytes) -> bool:
-    """Whether a file that begins with ``head`` is text (UTF-8, no control bytes but white space),
-    as no pickle of a dict is: each begins with a protocol byte, or protocol 0's ``(``."""
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return bool(text) and not text.startswith("(") and all(c.isprintable() or c in "\r\n\t" for c in text)
-
-
-def _a(value: Any) -> str:
-    """``value``'s type with its article: "a list", "an int"."""
-    name = type(value).__name__
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+    return read_fedscale_pickle(path, "availability", SHAPE, "deployment.availability_file", "clients")
 
 
 def _client_id(key: Any) -> int:
@@ -144,7 +100,7 @@ def _seconds(value: Any, client: Any, what: str, *, positive: bool = False) -> f
 def _times(entry: Mapping[str, Any], key: str, client: Any) -> list[Any]:
     times = entry[key]
     if isinstance(times, (str, bytes, Mapping)) or not hasattr(times, "__len__"):
-        raise ConfigError(f"Client {client!r}'s {key} is {_a(times)}, not a list of seconds ({SHAPE}).")
+        raise ConfigError(f"Client {client!r}'s {key} is {article(times)}, not a list of seconds ({SHAPE}).")
     return list(times)
 
 
@@ -168,7 +124,7 @@ class Converted:
 def _intervals(key: Any, entry: Any) -> tuple[list[tuple[float, float]], float]:
     """Client ``key``'s online intervals and finish time, each checked."""
     if not isinstance(entry, Mapping):
-        raise ConfigError(f"Client {key!r}'s entry is {_a(entry)}, not a dict ({SHAPE}).")
+        raise ConfigError(f"Client {key!r}'s entry is {article(entry)}, not a dict ({SHAPE}).")
     missing = [k for k in ("active", "inactive", "finish_time") if k not in entry]
     if missing:
         raise ConfigError(f"Client {key!r}'s entry has no {' and no '.join(missing)} ({SHAPE}).")

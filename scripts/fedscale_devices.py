@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import math
-import pickle
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from raysim.commands.flags import Parser  # noqa: E402
+from raysim.deployment.traces import read_fedscale_pickle  # noqa: E402
 from raysim.errors import ConfigError  # noqa: E402
 
 FIELDS = ("client", "seconds_per_sample", "down_mbps", "up_mbps")
@@ -37,42 +37,7 @@ BITS_PER_KBIT = 1024  # FedScale's kilobit (see the module docstring)
 
 def read_trace(path: str) -> dict[Any, Any]:
     """FedScale's device trace from the pickle ``path``; a file that is not one is a ConfigError."""
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise ConfigError(f"The FedScale device trace {path} does not exist.")
-    if not file.is_file():
-        raise ConfigError(f"The FedScale device trace {path} is a directory, not a file ({SHAPE}).")
-    try:
-        with open(file, "rb") as f:
-            text = _is_text(f.read(4096))
-            f.seek(0)
-            trace = None if text else pickle.load(f)  # a file the user names: FedScale's format is a pickle
-    except OSError as e:
-        raise ConfigError(f"The FedScale device trace {path} cannot be read ({e.strerror or e}).") from None
-    except Exception as e:  # unpickling a file that is not a pickle fails in many ways
-        raise ConfigError(
-            f"{path} is not a pickle ({type(e).__name__}: {str(e).rstrip('.')}); FedScale's device trace is {SHAPE}."
-        ) from None
-    if text:
-        raise ConfigError(
-            f"{path} is a text file, not a pickle: FedScale's device trace is {SHAPE} "
-            "(a CSV in raysim's columns is read as it is by deployment.devices_file)."
-        )
-    if not isinstance(trace, Mapping):
-        raise ConfigError(f"{path} holds a {type(trace).__name__}, not FedScale's device trace ({SHAPE}).")
-    if not trace:
-        raise ConfigError(f"{path} holds no client devices.")
-    return dict(trace)
-
-
-def _is_text(head: bytes) -> bool:
-    """Whether a file that begins with ``head`` is text (UTF-8, no control bytes but white space),
-    as no pickle of a dict is: each begins with a protocol byte, or protocol 0's ``(``."""
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return bool(text) and not text.startswith("(") and all(c.isprintable() or c in "\r\n\t" for c in text)
+    return read_fedscale_pickle(path, "device", SHAPE, "deployment.devices_file", "client devices")
 
 
 def _value(dev: Mapping[str, Any], key: str, client: Any, *, positive: bool) -> float:

@@ -244,4 +244,56 @@ def read_devices(path: str, base: Device) -> tuple[Device, ...]:
     return tuple(out[c] for c in sorted(out))
 
 
-__all__ = ["MEGABIT", "AvailabilityTrace", "read_devices"]
+def article(value: object) -> str:
+    """``value``'s type with its article: "a list", "an int"."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file that begins with ``head`` is text (UTF-8, no control bytes but white space),
+    as no pickle of a dict is: each begins with a protocol byte, or protocol 0's ``(``."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return bool(text) and not text.startswith("(") and all(c.isprintable() or c in "\r\n\t" for c in text)
+
+
+def read_fedscale_pickle(path: str, what: str, shape: str, setting: str, empty: str) -> dict[object, object]:
+    """FedScale's ``what`` trace ("device", "availability") from the pickle ``path``, a dict by
+    client id, for the converters in ``scripts/``; a file that is not one is a one-sentence
+    ConfigError (``shape``: the pickle's shape; ``setting``: the setting that reads raysim's CSV;
+    ``empty``: what a dict with no entries holds no of)."""
+    import pickle
+    from collections.abc import Mapping
+
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise ConfigError(f"The FedScale {what} trace {path} does not exist.")
+    if not file.is_file():
+        raise ConfigError(f"The FedScale {what} trace {path} is a directory, not a file ({shape}).")
+    try:
+        with open(file, "rb") as f:
+            text = _is_text(f.read(4096))
+            f.seek(0)
+            trace = None if text else pickle.load(f)  # a file the user names: FedScale's format is a pickle
+    except OSError as e:
+        raise ConfigError(f"The FedScale {what} trace {path} cannot be read ({e.strerror or e}).") from None
+    except Exception as e:  # unpickling a file that is not a pickle fails in many ways
+        raise ConfigError(
+            f"{path} is not a pickle ({type(e).__name__}: {str(e).rstrip('.')}); FedScale's {what} trace is {shape}."
+        ) from None
+    if text:
+        raise ConfigError(
+            f"{path} is a text file, not a pickle: FedScale's {what} trace is {shape} "
+            f"(a CSV in raysim's columns is read as it is by {setting})."
+        )
+    if not isinstance(trace, Mapping):
+        raise ConfigError(f"{path} holds {article(trace)}, not FedScale's {what} trace ({shape}).")
+    if not trace:
+        raise ConfigError(f"{path} holds no {empty}.")
+    return dict(trace)
+
+
+__all__ = ["MEGABIT", "AvailabilityTrace", "article", "read_devices", "read_fedscale_pickle"]
