@@ -253,12 +253,14 @@ class ClientContext:
 
     def teacher(self, weights: ModelWeights) -> SplitModel:
         """``weights`` (e.g. the received global model) in the worker's "teacher" scratch model,
-        frozen in eval mode: what distillation terms compare with (FedDr+'s L_FD, FedNTD, the
-        regularisers)."""
+        frozen (:func:`raysim.toolkit.distill.as_teacher`: its BatchNorm layers normalise by the
+        batch's statistics, as the student's do): what distillation terms compare with (FedDr+'s
+        L_FD, FedNTD, the regularisers)."""
+        from raysim.toolkit.distill import as_teacher
+
         t = self.scratch_model("teacher")
         set_weights(t, weights)
-        t.eval()
-        return t
+        return as_teacher(t)
 
     # ---- what the client keeps between rounds (on its home worker)
     def kept(self, parts: Sequence[str], *, fresh: str | None = None) -> ModelWeights:

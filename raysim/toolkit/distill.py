@@ -59,6 +59,22 @@ def knowledge_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, t
     return tau * tau * F.kl_div(log_q, p, reduction="batchmean")
 
 
+def as_teacher(model: SplitModel) -> SplitModel:
+    """``model`` as the frozen teacher of a distillation term: in eval mode (no dropout), but with
+    its BatchNorm layers normalising by the batch's own statistics, as the student's do while it
+    trains. Each term then compares like with like, and is zero when the local weights equal the
+    global ones, as FedDr+'s Eq. 4 and FedNTD's Eq. 5 intend; against a teacher normalising by its
+    running statistics it is not. We keep the models' BatchNorm as it is (running statistics at evaluation) rather than
+    drop the running statistics, as FedBABU's MobileNet does, so that no model's evaluation changes.
+    The teacher's running statistics move as it runs but are never read: it is a scratch model,
+    loaded anew for every job."""
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.train()
+    return model
+
+
 @dataclass(frozen=True)
 class Outputs:
     """One batch through the local model and the frozen global one."""
@@ -111,6 +127,7 @@ def regularized(own: LossFn, names: Sequence[str], beta: float, rc: RegContext) 
 
 __all__ = [
     "REGULARIZERS",
+    "as_teacher",
     "RegContext",
     "knowledge_distillation",
     "not_true_distillation",
