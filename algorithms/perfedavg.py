@@ -22,8 +22,9 @@ gradient descent with step alpha on a mini-batch of k's training data (the paper
 meta-model adapted once), drawn from its own random stream.
 
 The meta-model w is not itself trained to classify: in Fed3+2p's Table 1 setup its GM predicts one
-class on G-Test (docs/results/fed3p2_table1/notes.md), faithfully (Algorithm 1 restores w before the
-outer step; PFLlib, which steps on from w', trains w like plain SGD).
+class on G-Test (docs/results/fed3p2_table1/notes.md), faithfully: Algorithm 1 restores w before the
+outer step, and so does PFLlib's client (``system/flcore/clients/clientperavg.py``, read at commit
+487a29e, with alpha = beta = the learning rate).
 """
 
 from __future__ import annotations
