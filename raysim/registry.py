@@ -614,7 +614,7 @@ class DeploymentKind:
 
 
 #: ``make(param, deployment_config, num_clients)`` -> ``online(seed, rnd, client, now_s)``,
-#: ``next_online_s(now_s)``
+#: ``next_online_s(now_s, clients)`` and optionally ``offline_at(client, start_s, end_s)``
 AVAILABILITY: Registry[DeploymentKind] = Registry("availability")
 #: ``make(param, deployment_config, seed, num_clients)`` -> one Device per client
 DEVICES: Registry[DeploymentKind] = Registry("device model")
