@@ -99,7 +99,8 @@ class FedFCD(Algorithm[FCDState]):
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
-        """Sec. 4.1: 20 clients all taking part, 500 rounds, eta = 0.01 on clients and server,
+        """Sec. 4.1: 20 clients all taking part, 500 rounds, eta = 0.01 on clients and server (a
+        constant rate: the paper gives no schedule),
         train and test pooled then split 75/25 per client, Pat (2 classes a client; Dir(0.1) the
         other setting); FMNIST: ``mlp_fcd``, lambda = 1; CIFAR-10 (and other colour images):
         ``cnn_fcd``, lambda = 5, a tenth of the classes a client (2 of 10, 10 of CIFAR-100's 100);
@@ -109,6 +110,7 @@ class FedFCD(Algorithm[FCDState]):
             "participation": 1.0,
             "rounds": 500,
             "train.lr": 0.01,
+            "train.lr_decay": 1.0,  # "set to 0.01" and no schedule (Sec. 4.1): constant, as PFLlib's default
             "train.local_epochs": 1,
             "train.batch_size": 10,
             "train.momentum": 0.0,

@@ -159,3 +159,17 @@ def test_fedfcd_learns_and_reports_no_global_model(tmp_path):
     assert result.final["lm_ptest"] > 0.6
     fedavg = run_experiment(tiny_config(tmp_path / "avg", **{**SETUP, "algo": "fedavg", "rounds": 1}))
     assert result.rows[-1]["bytes_up"] < fedavg.rows[-1]["bytes_up"] / 5  # prototypes, not weights
+
+
+@pytest.mark.parametrize(
+    ("dataset", "classes", "shape"),
+    [("fmnist", 10, (1, 28, 28)), ("cifar10", 10, (3, 32, 32)), ("cifar100", 100, (3, 32, 32))],
+)
+def test_fedfcds_paper_setup_keeps_the_rate_constant_on_every_dataset(dataset, classes, shape):
+    """Sec. 4.1: the clients' rate "is set to 0.01", with no schedule; the default decay would have
+    left 6.6e-5 of it by round 500."""
+    from algorithms.fedfcd import FedFCD
+    from raysim.registry import DatasetInfo
+
+    setup = FedFCD.paper_setup(DatasetInfo(dataset, classes, shape, 50_000, 10_000))
+    assert (setup["train.lr"], setup["train.lr_decay"], setup["rounds"]) == (0.01, 1.0, 500)
