@@ -29,6 +29,15 @@ not given by the paper; its setup (20 clients, 75/25 split per client, best aver
 is PFLlib's, whose defaults (E = 1, B = 10, plain SGD) the paper setup takes (a choice), as it takes
 PFLlib's "pat" class assignment (``data.class_order=sequential``: on FMNIST the pairs T-shirt/trouser,
 pullover/dress, coat/sandal, shirt/sneaker, bag/boot, each held by 4 of the 20 clients).
+
+Two more choices where the paper is silent: in the phi step (2) the frozen extractor runs in eval
+mode (``toolkit.train``: a frozen part is held in eval mode, so it is bit-identical after the step),
+and the LFRs are computed in eval mode (``toolkit.features.extract_features``). With BatchNorm
+(``resnet18``, the CIFAR-100 setup) both read the running statistics where a loop with the whole
+model in train mode would read the batch's; on ``mlp_fcd`` and ``cnn_fcd``, which have neither
+BatchNorm nor dropout, the two are the same. And ``cnn_fcd`` pads its convolutions 'same' (its FC
+reads 4,096 values on 32x32 inputs), where PFLlib's FedAvgCNN pads 0 (1,600): see
+:func:`raysim.models.cnn_fcd`.
 """
 
 from __future__ import annotations

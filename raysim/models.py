@@ -161,7 +161,10 @@ def mlp_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
 
 def cnn_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     """FedFCD's CIFAR-10 CNN (McMahan et al. 2017): conv 32, conv 64 (5x5 'same', max-pool 2),
-    FC 512 ReLU | - | FC 10."""
+    FC 512 ReLU | - | FC 10. The padding is a choice: McMahan et al. do not give it, and PFLlib's
+    FedAvgCNN (whose 'pat' split FedFCD's setup takes) pads 0, so its FC reads 64 x 5 x 5 = 1,600
+    values on 32x32 inputs where this one reads 64 x 8 x 8 = 4,096. Kept, so that the published
+    pages' numbers stay this model's."""
     convs = _conv_stack(input_shape[0], (32, 64), 5, nn.ReLU, padding=2)
     extractor, d = _with_fc(convs, input_shape, 512, nn.ReLU())
     return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
