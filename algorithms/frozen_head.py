@@ -87,7 +87,8 @@ def drplus_setup(dataset: DatasetInfo, *, cifar10_lr: float, cifar100_lr: float,
     ``mobilenet``, E = 3, ``shard:10``; Fashion-MNIST (not in the paper): ``cnn_pac``, E = 5,
     ``shard:2`` (choices). Other datasets: colour images with 100 classes or more take CIFAR-100's
     setup, other colour images CIFAR-10's, grey ones Fashion-MNIST's; the shards a client are a
-    tenth of the classes (at least 2)."""
+    tenth of the classes (at least 2). Colour images train augmented (``data.augment=crop_flip``), as
+    FedDr+'s base code does; Fashion-MNIST does not."""
     common: dict[str, Any] = {
         "clients": 100,
         "participation": 0.1,
@@ -101,10 +102,14 @@ def drplus_setup(dataset: DatasetInfo, *, cifar10_lr: float, cifar100_lr: float,
         "data.test_mode": "matched",
     }
     common["data.partition"] = f"shard:{max(2, dataset.num_classes // 10)}"
+    # colour images train with random crop (padding 4) and horizontal flip, as FedDr+'s base code
+    # does (FedBABU's utils/train_utils.py, read in the junhyeog/FedBABU fork at 5175e57: its CIFAR-10
+    # and CIFAR-100 training transforms); the paper is silent
+    colour = {**common, "data.augment": "crop_flip"}
     if dataset.channels == 3 and dataset.num_classes >= 100:
-        return {**common, "model": "mobilenet", "train.lr": cifar100_lr, "train.local_epochs": 3}
+        return {**colour, "model": "mobilenet", "train.lr": cifar100_lr, "train.local_epochs": 3}
     if dataset.channels == 3:
-        return {**common, "model": "vgg11", "train.lr": cifar10_lr, "train.local_epochs": 10}
+        return {**colour, "model": "vgg11", "train.lr": cifar10_lr, "train.local_epochs": 10}
     return {**common, "model": "cnn_pac", "train.lr": grey_lr, "train.local_epochs": 5}
 
 

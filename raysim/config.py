@@ -100,6 +100,9 @@ class DataConfig:
     #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
     #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
     class_order: Literal["shuffled", "sequential"] = "shuffled"
+    #: the clients' training batches: none, or crop_flip (a random crop of the image padded by 4 and
+    #: a horizontal flip, each batch from the client's seeded stream; raysim.toolkit.augment)
+    augment: Literal["none", "crop_flip"] = "none"
     #: hold out this fraction of each client's training data as its validation part (never trained
     #: on), for model selection such as Fed3+2p's automatic phase switch
     val_fraction: float = setting(0.0, at_least=0, below=1)

@@ -161,6 +161,11 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     EXECUTORS.get(cfg.ray.executor)
     info = _check_data(cfg)
     MODELS.get(cfg.model).check_input(cfg.model, info.input_shape)
+    if cfg.data.augment != "none" and len(info.input_shape) != 3:
+        raise ConfigError(
+            f"data.augment={cfg.data.augment} crops and flips images (channels, height, width); "
+            f"{cfg.data.dataset}'s samples have the shape {tuple(info.input_shape)}."
+        )
     exp = Experiment.of(cfg)  # the algorithm's name, its parameters, and its own checks (check())
     cls = exp.algorithm
     check_target(cfg, cls)

@@ -206,7 +206,19 @@ class ClientContext:
         seed = rng.int_seed(self.cfg.seed, shuffle_purpose(stream, epoch), self.rnd, self.cid)
         order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(self.device)
         drop = self.cfg.train.drop_last if drop_last is None else drop_last
-        return iterate_batches(x, y, order, self.cfg.train.batch_size, drop)
+        batches = iterate_batches(x, y, order, self.cfg.train.batch_size, drop)
+        if self.cfg.data.augment == "none":
+            return batches
+        return self._augmented(batches, f"augment/{shuffle_purpose(stream, epoch)}")
+
+    def _augmented(self, batches: Iterator[Batch], purpose: str) -> Iterator[Batch]:
+        """``batches`` through ``data.augment`` (:mod:`raysim.toolkit.augment`), drawn from (seed,
+        round, client, ``purpose``)."""
+        from raysim.toolkit.augment import crop_flip
+
+        g = torch.Generator().manual_seed(rng.int_seed(self.cfg.seed, purpose, self.rnd, self.cid))
+        for xb, yb in batches:
+            yield crop_flip(xb, g), yb
 
     def epochs_of(self, epochs: int | None, steps: int | None) -> int:
         """The epochs of this client's batches a pass of ``steps`` SGD steps takes (the mini-batches
