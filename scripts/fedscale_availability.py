@@ -41,7 +41,6 @@ test data has them), is left out: raysim's trace cannot hold one, and no work fi
 
 from __future__ import annotations
 
-import csv
 import math
 import numbers
 import sys
@@ -53,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from raysim.commands.flags import Parser  # noqa: E402
-from raysim.deployment.traces import article, read_fedscale_pickle  # noqa: E402
+from raysim.deployment.traces import article, read_fedscale_pickle, write_trace_csv  # noqa: E402
 from raysim.errors import ConfigError  # noqa: E402
 
 PROG = "fedscale_availability.py"
@@ -204,18 +203,7 @@ def _text(seconds: float) -> str:
 
 
 def write(rows: list[tuple[int, float, float]], out: str) -> None:
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"{out} is a directory; name the CSV to write, e.g. {path / 'availability.csv'}.")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{out}: the folder {path.parent} does not exist.")
-    try:
-        with open(path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(FIELDS)
-            w.writerows((client, _text(start), _text(end)) for client, start, end in rows)
-    except OSError as e:
-        raise ConfigError(f"{out} cannot be written ({e.strerror or e}).") from None
+    write_trace_csv(out, FIELDS, ((client, _text(start), _text(end)) for client, start, end in rows), "availability.csv")
 
 
 def notes(converted: Converted, keep_period: bool) -> list[str]:

@@ -17,7 +17,6 @@ kilobits (``fedscale/cloud/aggregation/aggregator.py``, ``Aggregator.run``). So 
 
 from __future__ import annotations
 
-import csv
 import math
 import sys
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from raysim.commands.flags import Parser  # noqa: E402
-from raysim.deployment.traces import read_fedscale_pickle  # noqa: E402
+from raysim.deployment.traces import read_fedscale_pickle, write_trace_csv  # noqa: E402
 from raysim.errors import ConfigError  # noqa: E402
 
 FIELDS = ("client", "seconds_per_sample", "down_mbps", "up_mbps")
@@ -83,18 +82,7 @@ def convert(trace: Mapping[Any, Any]) -> list[dict[str, Any]]:
 
 
 def write(rows: list[dict[str, Any]], out: str) -> None:
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"{out} is a directory; name the CSV to write, e.g. {path / 'devices.csv'}.")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{out}: the folder {path.parent} does not exist.")
-    try:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
-    except OSError as e:
-        raise ConfigError(f"{out} cannot be written ({e.strerror or e}).") from None
+    write_trace_csv(out, FIELDS, ([row[f] for f in FIELDS] for row in rows), "devices.csv")
 
 
 def main(argv: list[str] | None = None) -> int:

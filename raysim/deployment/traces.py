@@ -44,7 +44,7 @@ from __future__ import annotations
 import csv
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -296,4 +296,22 @@ def read_fedscale_pickle(path: str, what: str, shape: str, setting: str, empty: 
     return dict(trace)
 
 
-__all__ = ["MEGABIT", "AvailabilityTrace", "article", "read_devices", "read_fedscale_pickle"]
+def write_trace_csv(out: str, header: Sequence[str], rows: Iterable[Sequence[object]], example: str) -> None:
+    """``rows`` under ``header`` to the CSV file ``out``, for the converters in ``scripts/``; an
+    output that cannot be written (a directory, a missing folder, no permission) is a
+    one-sentence ConfigError (``example``: a file name to suggest)."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{out} is a directory; name the CSV to write, e.g. {path / example}.")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{out}: the folder {path.parent} does not exist.")
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+    except OSError as e:
+        raise ConfigError(f"{out} cannot be written ({e.strerror or e}).") from None
+
+
+__all__ = ["MEGABIT", "AvailabilityTrace", "article", "read_devices", "read_fedscale_pickle", "write_trace_csv"]
