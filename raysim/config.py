@@ -243,6 +243,12 @@ class DeploymentConfig:
             and self.mode == "sync"
         )
 
+    @property
+    def active(self) -> bool:
+        """Whether there is a deployment at all: anything but the ideal one on ideal devices (the
+        ideal one on timed devices keeps a clock)."""
+        return not self.ideal or self.devices != "ideal"
+
 
 @dataclass(frozen=True)
 class RayConfig:

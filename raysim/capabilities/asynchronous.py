@@ -58,11 +58,6 @@ NO_ASYNC = Asynchronous(
 )
 
 
-def staleness_weight(tau: int, kind: str) -> float:
-    """s(tau) under ``deployment.staleness`` ``kind`` (:class:`Staleness`)."""
-    return Staleness.parse(kind)(tau)
-
-
 def rebased(upload: ModelWeights, start: ModelWeights, now: ModelWeights, weight: float) -> ModelWeights:
     """``now + weight (upload - start)`` for each part ``upload`` holds, in float64, as float32."""
     import numpy as np
@@ -75,4 +70,4 @@ def rebased(upload: ModelWeights, start: ModelWeights, now: ModelWeights, weight
     return ModelWeights(**{name: part(name) for name in upload.part_names})
 
 
-__all__ = ["NO_ASYNC", "Asynchronous", "Staleness", "rebased", "staleness_weight"]
+__all__ = ["NO_ASYNC", "Asynchronous", "Staleness", "rebased"]

@@ -310,11 +310,6 @@ class Deployment:
         k = self.cfg.clients_per_round
         return math.ceil(k * (1 + self.d.overselect)) if self.d.policy == "overselect" else k
 
-    @property
-    def timed(self) -> bool:
-        """Whether the deployment keeps a clock and state of its own (anything but the ideal one)."""
-        return not self.d.ideal or parse_kind(self.d.devices, DEVICES).kind != "ideal"
-
     def sample(self, rnd: int, now_s: float, busy: set[int] | frozenset[int] = frozenset()) -> list[int]:
         """Round ``rnd``'s clients, drawn uniformly without replacement from those available at
         ``now_s`` (simulated seconds since the run's start) and not ``busy`` (still working on an

@@ -108,7 +108,7 @@ class ServerHost:
         #: deployment.mode=async: the updates in flight and the clock (raysim.engine.buffered)
         self.buffer: Buffer | None = Buffer.initial(self.concurrency) if d.mode == "async" else None
         #: a timed synchronous deployment: the clock and the clients still working
-        self.clock: SyncClock | None = SyncClock() if d.mode == "sync" and self.deployment.timed else None
+        self.clock: SyncClock | None = SyncClock() if d.mode == "sync" and d.active else None
         self.staleness = Staleness.parse(d.staleness)
         self._round: AsyncRound | None = None
         self._commits: dict[int, Any] = {}

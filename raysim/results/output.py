@@ -133,7 +133,7 @@ class TensorBoardWriter(BaseCallback):
 
         d = cfg.deployment
         self.timed = d.devices != "ideal"
-        self.deployed = self.timed or not d.ideal
+        self.deployed = d.active
 
         self.writer = EventWriter(run_dir / "tb")
         if self.purge_step is not None:  # a resumed run: what the stopped one logged after its checkpoint goes

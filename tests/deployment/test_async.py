@@ -9,7 +9,7 @@ import pytest
 
 from algorithms.fedbuff import server_step
 from raysim import checkpoint
-from raysim.capabilities.asynchronous import Staleness, rebased, staleness_weight
+from raysim.capabilities.asynchronous import Staleness, rebased
 from raysim.config import replace
 from raysim.engine.buffered import Buffer, finish, simulate
 from raysim.engine.runner import run_experiment
@@ -29,8 +29,8 @@ def upload(client: int, *values: float) -> JobResult:
 
 
 def test_staleness_weights_are_the_papers():
-    assert staleness_weight(0, "polynomial") == 1.0 and staleness_weight(3, "polynomial") == 0.5
-    assert staleness_weight(3, "constant") == 1.0
+    assert Staleness.parse("polynomial")(0) == 1.0 and Staleness.parse("polynomial")(3) == 0.5
+    assert Staleness.parse("constant")(3) == 1.0
 
 
 def test_a_stale_update_is_rebased_onto_the_current_model():
