@@ -98,8 +98,12 @@ class DataConfig:
     samples_per_client: int = setting(600, at_least=1)  # dominant: samples per client (600; 1000 for EMNIST)
     #: pathological: which classes a client holds. shuffled: consecutive classes of a seeded class
     #: permutation; sequential: consecutive labels, client i holding classes i*k .. i*k+k-1 (mod C),
-    #: as PFLlib's "pat" split does (FedFCD's setup: the pairs (0,1), (2,3), ... on FMNIST)
-    class_order: Literal["shuffled", "sequential"] = "shuffled"
+    #: as PFLlib's "pat" split does (the pairs (0,1), (2,3), ... on FMNIST); random: k distinct
+    #: classes drawn for each client (FedFCD Sec. 4.1.1), every class held by about as many clients
+    class_order: Literal["shuffled", "sequential", "random"] = "shuffled"
+    #: pathological: a class's samples split evenly among the clients that hold it (true), or in
+    #: random shares as PFLlib's unbalanced "pat" split (false; FedFCD's "unbalanced manner")
+    balance: bool = True
     #: the clients' training batches: none, or crop_flip (a random crop of the image padded by 4 and
     #: a horizontal flip, each batch from the client's seeded stream; raysim.toolkit.augment)
     augment: Literal["none", "crop_flip"] = "none"

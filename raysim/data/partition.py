@@ -134,7 +134,7 @@ def _check_dirichlet(alpha: float, num_clients: int, num_samples: int, min_sampl
 def split_pathological(
     labels: np.ndarray, n: int, k: float, rng: np.random.Generator, c: int, cfg: DataConfig
 ) -> list[np.ndarray]:
-    return pathological_partition(labels, n, int(k), rng, c, shuffle_classes=cfg.class_order == "shuffled")
+    return pathological_partition(labels, n, int(k), rng, c, class_order=cfg.class_order, balance=cfg.balance)
 
 
 def check_pathological(
@@ -266,23 +266,42 @@ def pathological_partition(
     rng: np.random.Generator,
     num_classes: int,
     *,
-    shuffle_classes: bool = True,
+    class_order: str = "shuffled",
+    balance: bool = True,
 ) -> list[np.ndarray]:
     """Each client holds ``k`` classes (FedFCD's "Pat"; McMahan et al. 2017's pathological non-IID).
 
-    After a seeded permutation ``perm`` of the classes (the identity with ``shuffle_classes=False``,
-    as PFLlib's "pat" split assigns them), client i holds ``perm[(i*k + j) % C]`` for ``j < k``, so
-    every class is held by ``floor`` or ``ceil`` of ``N*k/C`` clients; a class's shuffled samples are
-    split evenly among the clients that hold it.
+    Which classes (``class_order``):
+
+    - ``shuffled``: after a seeded permutation ``perm`` of the classes, client i holds
+      ``perm[(i*k + j) % C]`` for ``j < k``: fixed groups of consecutive classes;
+    - ``sequential``: the same with ``perm`` the identity, as PFLlib's "pat" split assigns them
+      (client i holds classes ik .. ik+k-1 mod C);
+    - ``random``: each client, in turn, draws ``k`` distinct classes at random from those held by
+      the fewest clients so far, so that any two clients may share one class, both or none (FedFCD
+      Sec. 4.1.1: "each client is randomly assigned 2 class labels").
+
+    Every class is held by ``floor`` or ``ceil`` of ``N*k/C`` clients. A class's shuffled samples
+    are split among its holders evenly (``balance``) or, with ``balance=False``, as PFLlib's
+    unbalanced "pat" split does (``utils/dataset_utils.py``, ``separate_data``): every holder but
+    the last gets a uniform draw from ``[n/(10h), n/h)`` of the class's ``n`` samples over its
+    ``h`` holders, and the last gets the rest.
     """
     labels = _check_labels(labels, num_classes)
     check_pathological(k, num_clients, num_classes, len(labels), DataConfig())
     pools = _class_pools(labels, num_classes, rng)
-    perm = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
     holders: list[list[int]] = [[] for _ in range(num_classes)]
-    for i in range(num_clients):
-        for j in range(k):
-            holders[int(perm[(i * k + j) % num_classes])].append(i)
+    if class_order == "random":
+        for i in range(num_clients):
+            held = np.array([len(h) for h in holders])
+            # fewest holders first, ties broken at random
+            for c in np.lexsort((rng.random(num_classes), held))[:k]:
+                holders[int(c)].append(i)
+    else:
+        perm = rng.permutation(num_classes) if class_order == "shuffled" else np.arange(num_classes)
+        for i in range(num_clients):
+            for j in range(k):
+                holders[int(perm[(i * k + j) % num_classes])].append(i)
     pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c, pool in enumerate(pools):
         if len(pool) and len(pool) < len(holders[c]):
@@ -293,7 +312,15 @@ def pathological_partition(
                 len(holders[c]),
                 k,
             )
-        for client, part in zip(holders[c], np.array_split(pool, len(holders[c])), strict=True):
+        if balance or len(holders[c]) < 2:
+            parts = np.array_split(pool, len(holders[c]))
+        else:
+            h = len(holders[c])
+            share = len(pool) / h
+            low = max(int(share / 10), 1)
+            counts = rng.integers(low, max(int(share), low + 1), size=h - 1)
+            parts = np.split(pool, np.cumsum(counts))
+        for client, part in zip(holders[c], parts, strict=True):
             pieces[client].append(part)
     return _sorted_parts([np.concatenate(p) for p in pieces])
 

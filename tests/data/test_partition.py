@@ -132,11 +132,53 @@ def test_pathological_gives_exactly_k_classes(num_clients: int, k: int, num_clas
 def test_pathological_sequential_classes_are_pflibs_pairs() -> None:
     """class_order=sequential: client i holds classes 2i, 2i+1 (mod C), as PFLlib's "pat" split."""
     labels = make_labels(20000, 10)
-    parts = pathological_partition(labels, 20, 2, rng(), 10, shuffle_classes=False)
+    parts = pathological_partition(labels, 20, 2, rng(), 10, class_order="sequential")
     held = [sorted(np.unique(labels[p]).tolist()) for p in parts]
     assert held == [[(2 * i) % 10, (2 * i + 1) % 10] for i in range(20)]
     shuffled = pathological_partition(labels, 20, 2, rng(), 10)
     assert [sorted(np.unique(labels[p]).tolist()) for p in shuffled] != held  # a seeded permutation
+
+
+@pytest.mark.parametrize(("num_clients", "k", "num_classes"), [(20, 2, 10), (7, 3, 10), (20, 10, 100)])
+def test_pathological_random_classes_vary_and_stay_balanced(num_clients: int, k: int, num_classes: int) -> None:
+    """class_order=random (FedFCD Sec. 4.1.1, "each client is randomly assigned 2 class labels"):
+    k distinct classes a client, not fixed groups, every class held by about as many clients."""
+    labels = make_labels(20000, num_classes)
+    parts = pathological_partition(labels, num_clients, k, rng(), num_classes, class_order="random")
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    held = [frozenset(np.unique(labels[p]).tolist()) for p in parts]
+    assert all(len(h) == k for h in held)
+    holders = np.bincount([c for h in held for c in h], minlength=num_classes)
+    assert holders.max() - holders.min() <= 1
+    again = pathological_partition(labels, num_clients, k, rng(), num_classes, class_order="random")
+    assert [frozenset(np.unique(labels[p]).tolist()) for p in again] == held  # seeded
+    if (num_clients, k) == (20, 2):
+        # fixed groups (shuffled, sequential) give 5 distinct pairs, each twice over 20 clients;
+        # random pairs overlap in one class too
+        assert len(set(held)) > num_classes // k
+        assert any(len(a & b) == 1 for a in held for b in held)
+
+
+def test_pathological_unbalanced_follows_pflibs_shares() -> None:
+    """balance=False: every holder of a class but the last gets a uniform draw from
+    [n/(10h), n/h) of its n samples, the last the rest (PFLlib's unbalanced "pat" split)."""
+    labels = make_labels(20000, 10)
+    pools = np.bincount(labels, minlength=10)
+    even = pathological_partition(labels, 20, 2, rng(), 10, class_order="sequential")
+    parts = pathological_partition(labels, 20, 2, rng(), 10, class_order="sequential", balance=False)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    # the same classes a client as the balanced split; only the counts differ
+    assert [sorted(np.unique(labels[p]).tolist()) for p in parts] == [
+        sorted(np.unique(labels[p]).tolist()) for p in even
+    ]
+    for c in range(10):
+        shares = [int(np.sum(labels[p] == c)) for p in parts if np.any(labels[p] == c)]
+        h, n = len(shares), int(pools[c])
+        assert h == 4
+        assert all(n / (10 * h) - 1 <= s < n / h for s in shares[:-1])
+        assert shares[-1] == n - sum(shares[:-1]) and shares[-1] > n / h - 1
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.std() > 10 * np.array([len(p) for p in even]).std()
 
 
 def test_pathological_errors() -> None:

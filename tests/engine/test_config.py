@@ -121,7 +121,7 @@ def test_a_dataset_brings_a_model_that_fits_and_fedpac_takes_1000_emnist_samples
         ("train.lr_decay", 1.5, "train.lr_decay must be at most 1, not 1.5."),
         ("ray.jobs_per_worker", 0, "ray.jobs_per_worker must be at least 1, not 0."),
         ("output.checkpoint_every", -1, "output.checkpoint_every must be at least 0, not -1."),
-        ("data.class_order", "random", "data.class_order is 'shuffled' or 'sequential', not 'random'."),
+        ("data.class_order", "randomly", "data.class_order is one of 'shuffled', 'sequential', 'random', not 'randomly'."),
         ("algo.variant", "so", "algo.variant is 'fo' or 'hf', not 'so'."),
     ],
 )
