@@ -63,14 +63,8 @@ class Algorithm(Generic[StateT]):
 
     # ---- shared helpers
     def lr(self, rnd: int) -> float:
-        """The round's learning rate: lr * lr_decay^(rnd-1), times lr_gamma for each milestone
-        (a fraction of the rounds) already passed."""
-        t = self.cfg.train
-        rate = t.lr * t.lr_decay ** (rnd - 1)
-        for m in t.lr_milestones:
-            if rnd > m * self.cfg.rounds:
-                rate *= t.lr_gamma
-        return rate
+        """The round's learning rate (:meth:`raysim.config.TrainConfig.rate`)."""
+        return self.cfg.train.rate(rnd, self.cfg.rounds)
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:

@@ -122,7 +122,9 @@ class TrainConfig:
     lr: float = setting(0.01, above=0)
     momentum: float = setting(0.9, at_least=0)
     weight_decay: float = setting(1e-5, at_least=0)
-    lr_decay: float = setting(0.99, above=0, at_most=1)  # multiply the learning rate by this every round (Fed3+2p)
+    #: multiply the learning rate by this every round; 1: a constant rate, as PFLlib, FL-bench and
+    #: pfl-research default to (a paper setup sets its paper's schedule: Fed3+2p's 0.99 a round)
+    lr_decay: float = setting(1.0, above=0, at_most=1)
     lr_milestones: tuple[float, ...] = ()  # fractions of the rounds where the rate is multiplied by lr_gamma
     lr_gamma: float = 0.1
     #: intra-op threads of a training job; None: 1 on a CPU worker (which then trains
@@ -140,6 +142,15 @@ class TrainConfig:
     #: up to commit 751e35a, whose numbers it gives to the bit (the layouts' kernels sum in
     #: different orders: the same model to float rounding, not to the bit)
     channels_last: bool = True
+
+    def rate(self, rnd: int, rounds: int) -> float:
+        """Round ``rnd``'s learning rate (of ``rounds``): lr * lr_decay^(rnd-1), times lr_gamma
+        for each milestone (a fraction of the rounds) already passed."""
+        rate = self.lr * self.lr_decay ** (rnd - 1)
+        for m in self.lr_milestones:
+            if rnd > m * rounds:
+                rate *= self.lr_gamma
+        return rate
 
 
 @dataclass(frozen=True)
