@@ -3,7 +3,7 @@ and Yun, ICLR 2022), a baseline of FedDr+ (seed 004): the head is randomly initi
 same everywhere) and frozen during federated training; only the body (``extractor``, ``filter``) is
 trained with cross-entropy and averaged by training-set size. FedBABU-FT: after the last round
 each client fine-tunes the whole global model (body and head) with cross-entropy on its own data
-for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the initial rate), the engine's "-FT"
+for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the last round's rate), the engine's "-FT"
 (:class:`raysim.capabilities.finetune.FineTune`); ``lm_ptest`` at the last round reports them.
 """
 

@@ -12,7 +12,9 @@ Learning", seed 004) and its variant dot-regression (``dotreg``, beta = 1).
   this is the argmax of the head's logits V^T f(x), which the global model evaluates.
 - FedDr+ FT (Sec. 4.3, 2-step personalisation): after the last round each client fine-tunes the
   global body on its own training data for ``ft_epochs`` (default E) at ``ft_lr`` (default the
-  initial rate) with ``ft_loss`` = ``dr`` (L_DR, which Appendix D's Table 8 finds best for
+  last round's rate: the paper is silent; FedBABU's code, its base, fine-tunes at the schedule's
+  current rate, ``lr`` after its milestones, in junhyeog/FedBABU's ``main_per_fedavg.py`` at
+  42515a2; ``suites/feddrplus_ft_lr.yaml`` measures the choice) with ``ft_loss`` = ``dr`` (L_DR, which Appendix D's Table 8 finds best for
   fine-tuning) or ``drplus`` (L_Dr+, as Sec. 4.3 states it, with ``ft_beta``: by default the run's
   beta, and for dotreg FedDr+'s 0.9, Table 8's "Dot-Regression FT (L_Dr+)"); ``lm_ptest`` at the last round reports
   these models (mean and std across clients). The global model is not changed by fine-tuning.

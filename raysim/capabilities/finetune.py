@@ -3,7 +3,7 @@
 FedBABU's and FedDr+'s personalisation, and the "-FT" rows of FedDr+'s Table 3 for any method with a
 global model: with ``algo.ft_epochs`` > 0, after the last round each client fine-tunes the final
 global model on its own training data, the capability's ``parts``, for ``ft_epochs`` at
-``algo.ft_lr`` (default the initial rate), on its own random stream ("finetune"); ``lm_ptest`` at the
+``algo.ft_lr`` (default the last round's rate), on its own random stream ("finetune"); ``lm_ptest`` at the
 last round reports these models. Nothing the client or the server keeps changes: the global model is
 untouched.
 
@@ -39,12 +39,12 @@ class FineTune(Capability):
 
     def setting(self, cfg: ExperimentConfig) -> tuple[int, float]:
         """(epochs, rate): ``algo.ft_epochs`` (default ``default_epochs``) and ``algo.ft_lr``
-        (default the initial learning rate)."""
+        (default the last round's learning rate: fine-tuning goes on where training stopped)."""
         p = engine_settings(cfg.algo_params)
         epochs = self.default_epochs if "ft_epochs" not in cfg.algo_params else p.ft_epochs
         return (
             cfg.train.local_epochs if epochs is None else epochs,
-            cfg.train.lr if p.ft_lr is None else p.ft_lr,
+            cfg.train.rate(cfg.rounds, cfg.rounds) if p.ft_lr is None else p.ft_lr,
         )
 
     def on(self, cfg: ExperimentConfig) -> bool:

@@ -29,7 +29,7 @@ class EngineParams:
     int, ``--set algo.regularizers=[kd,fd]`` a tuple)."""
 
     ft_epochs: int | None = setting(None, at_least=0)  # None: the capability's default_epochs
-    ft_lr: float | None = setting(None, above=0)  # None: the initial learning rate
+    ft_lr: float | None = setting(None, above=0)  # None: the last round's learning rate
     regularizers: tuple[RegName, ...] = ()
     reg_beta: float = setting(0.9, at_least=0, below=1)  # the algorithm's own loss's weight
     reg_tau: float = setting(3.0, above=0)  # the distillation temperature

@@ -1,4 +1,4 @@
-""" "-FT" (issue 15): every method with a global model fine-tunes it on each client's data after the last
+""" "-FT": every method with a global model fine-tunes it on each client's data after the last
 round, through one mechanism (the ``FineTune`` capability, ``algo.ft_epochs``, ``algo.ft_lr``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from raysim.capabilities.finetune import FineTune
 from raysim.engine.executors.serial import SerialExecutor
-from raysim.engine.experiment import validate
+from raysim.engine.experiment import algorithm_class, validate
 from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
 from tests.conftest import tiny_config, without_times
@@ -85,6 +85,21 @@ def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, he
     assert ex.runtime.memory.keys() == memory.keys()
     for c, mem in memory.items():
         assert ex.runtime.memory[c].weights.equals(mem.weights), c
+
+
+def test_ft_goes_on_at_the_last_rounds_rate_unless_given_one(tmp_path):
+    """``algo.ft_lr`` defaults to the rate the schedule ended at (FedBABU's code fine-tunes at its
+    current, decayed rate): 0.1 x 0.5^3 after four rounds decayed by 0.5, x0.1 past the milestone."""
+    schedule = {"rounds": 4, "train.lr": 0.1, "train.lr_decay": 0.5, "train.lr_milestones": (0.5,)}
+    cfg = tiny_config(tmp_path / "default", algo="fedbabu", **schedule)
+    finetune = FineTune.of(algorithm_class("fedbabu"))
+    assert finetune is not None
+    assert finetune.setting(cfg) == (1, pytest.approx(0.1 * 0.5**3 * 0.1))
+    given = tiny_config(tmp_path / "given", algo="fedbabu", **schedule, **{"algo.ft_lr": 0.1 * 0.5**3 * 0.1})
+    assert finetune.setting(given)[1] == finetune.setting(cfg)[1]
+    first = tiny_config(tmp_path / "first", algo="fedbabu", **schedule, **{"algo.ft_lr": 0.1})
+    last = [run_experiment(c).rows[-1]["lm_ptest"] for c in (cfg, given, first)]
+    assert last[0] == last[1] != last[2]
 
 
 def test_ft_settings_are_checked(tmp_path):
