@@ -383,6 +383,37 @@ def per_seed_table(rows: Sequence[dict[str, Any]], summary: dict[str, Any], last
     return "\n".join(lines) + "\n"
 
 
+def class_accuracy_table(rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """A markdown table, one row per configuration (in the summary's order) and a column per class
+    (0 to C - 1): the global model's accuracy on the class's G-Test samples (``gm_class_acc``, with
+    ``eval.analyses``) at each trial's last evaluation that has it, the mean over the seeds, in %
+    with one decimal ("–" where no seed has a value). ``rows`` are the suite's ``metrics.parquet``
+    rows; "" when none has ``gm_class_acc``."""
+    last: dict[tuple[str, int], tuple[int, list[Any]]] = {}  # a trial -> its last round with the list
+    for r in rows:
+        accs = r.get("gm_class_acc")
+        key = (str(r["config"]), int(r["seed"]))
+        if accs is not None and (key not in last or int(r["round"]) >= last[key][0]):
+            last[key] = (int(r["round"]), list(accs))
+    if not last:
+        return ""
+    num_classes = max(len(accs) for _, accs in last.values())
+    header = ["configuration", *map(str, range(num_classes))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in summary["configs"]:
+        cells = [_md(c["config"])]
+        for k in range(num_classes):
+            values = [
+                v
+                for seed in c["seeds"]
+                if (trial := last.get((c["config"], int(seed)))) is not None and k < len(trial[1])
+                if (v := metric_value(trial[1][k])) is not None
+            ]
+            cells.append(MISSING if not values else f"{100 * sum(values) / len(values):.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _seconds(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1f}"
 
@@ -498,6 +529,7 @@ __all__ = [
     "available_metrics",
     "band_plot",
     "check_metric_names",
+    "class_accuracy_table",
     "comparison_table",
     "default_labels",
     "load_run",

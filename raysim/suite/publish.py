@@ -7,7 +7,9 @@
   per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
   metric, and the mean of each seed's best (the figure papers that report the highest accuracy
   compare with), beside the paper's figure; then (folded) each trial's final value and last-k
-  mean, seed by seed; then the curves, and ``notes.md`` if ``OUT`` has one;
+  mean, seed by seed; where the trials ran with ``eval.analyses``, the global model's accuracy on
+  each class of G-Test at the last evaluation, a row per configuration (mean over seeds); then the
+  curves, and ``notes.md`` if ``OUT`` has one;
 - ``summary.json``: the suite's own summary, as the suite wrote it;
 - ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band;
   where the trials ran a simulated deployment whose devices take time, also
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.results.report import curve_plots, per_seed_table, suite_table
+from raysim.results.report import class_accuracy_table, curve_plots, per_seed_table, suite_table
 
 PAGE = "README.md"
 NOTES = "notes.md"
@@ -134,6 +136,17 @@ def publish(
         "</details>",
         "",
     ]
+    class_table = class_accuracy_table(rows, summary)
+    if class_table:  # eval.analyses (raysim.results.analysis)
+        parts += [
+            "## Per-class accuracy of the global model",
+            "",
+            "The global model's accuracy on each class of G-Test (its recall: the share of the class's "
+            "test samples it classifies right) at each trial's last evaluation, in %, mean over seeds; "
+            "a model that predicts a single class shows 100 in that class's column and 0 in the others.",
+            "",
+            class_table,
+        ]
     if pngs:
         parts += ["## Curves", "", *(f"![{p.stem}]({p.name})" for p in pngs), ""]
     if (out / NOTES).is_file():

@@ -145,3 +145,91 @@ def test_a_deployed_suites_page_gives_the_simulated_time_and_plots_against_it(tm
         time_to = config["time_to_target_mean"]
         assert cells[-4:-1] == [f"{config['sim_time_mean']:.1f}", reached, "–" if time_to is None else f"{time_to:.1f}"]
     assert (out / "accuracy_gm_gtest_sim_time.png").stat().st_size > 5000
+
+
+CLASS_SECTION = "## Per-class accuracy of the global model"
+
+
+def class_rows(page: str) -> list[list[str]]:
+    """The cells of the per-class table's rows (its header first)."""
+    section = page.split(CLASS_SECTION)[1].split("\n## ")[0]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in section.splitlines() if line.startswith("| ")]
+
+
+def test_the_page_gives_the_per_class_accuracy_only_where_the_trials_recorded_it(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    suite_dir = make_suite_dir(tmp_path)
+    plain = tmp_path / "plain"
+    assert console_main(["report", "--publish", str(suite_dir), str(plain), "--commit", "abc123"]) == 0
+    without = (plain / "README.md").read_text()
+    assert CLASS_SECTION not in without and "gm_class_acc" not in without  # no analyses, no section
+    # the same trials as if they had run with eval.analyses: a hand case at each trial's last round
+    summary = json.loads((suite_dir / "summary.json").read_text())
+    names = [c["config"] for c in summary["configs"]]
+    last = {  # (configuration, seed) -> its last evaluation's gm_class_acc
+        (names[0], 0): [1.0, 0.0, 0.0],
+        (names[0], 1): [1.0, 0.0, 0.0],
+        (names[1], 0): [1.0, 0.5, None],
+        (names[1], 1): [0.0, 0.25, None],
+        (names[2], 0): [0.2, 0.4, 0.6],
+        (names[2], 1): [0.3, 0.5, None],
+        (names[3], 1): [0.9, 0.8, 0.7],
+    }
+    rows = pq.read_table(suite_dir / "metrics.parquet").to_pylist()
+    final: dict[tuple[str, int], int] = {}
+    for r in rows:
+        final[(r["config"], r["seed"])] = max(final.get((r["config"], r["seed"]), 0), r["round"])
+    for r in rows:
+        key = (r["config"], r["seed"])
+        if key not in last:  # names[3]'s seed 0 recorded none
+            r["gm_class_acc"] = None
+        else:  # its earlier rounds other values: the last round's count
+            r["gm_class_acc"] = last[key] if r["round"] == final[key] else [0.0, 1.0, 1.0]
+    pq.write_table(pa.Table.from_pylist(rows), suite_dir / "metrics.parquet")
+    out = tmp_path / "analysed"
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123"]) == 0
+    page = (out / "README.md").read_text()
+    assert class_rows(page) == [
+        ["configuration", "0", "1", "2"],
+        [names[0], "100.0", "0.0", "0.0"],
+        [names[1], "50.0", "37.5", "–"],
+        [names[2], "25.0", "45.0", "60.0"],
+        [names[3], "90.0", "80.0", "70.0"],
+    ]
+    assert "recall" in page.split(CLASS_SECTION)[1].split("| configuration")[0]
+    # the section is all the page gains: without it, the page is the one published without analyses
+    section = page[page.index(CLASS_SECTION) : page.index("## Curves")]
+    assert page.replace(section, "") == without
+
+
+ANALYSED = SUITE.replace("  output.tensorboard: false\n", "  output.tensorboard: false\n  eval.analyses: true\n").replace(
+    """seeds: 0-1
+grid:
+  partition: [dirichlet:0.5, dirichlet:0.1]
+configs:
+  - {name: fedavg, set: {algo: fedavg}, paper: "81.1 / 81.3"}
+  - {name: fedrep, set: {algo: fedrep}, paper: "79.5 / 80.1"}""",
+    """seeds: 0-1
+configs:
+  - {name: fedavg, set: {algo: fedavg}}""",
+)
+
+
+def test_a_suite_run_with_analyses_gets_its_trials_per_class_accuracy(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    suite_dir = make_suite_dir(tmp_path, ANALYSED)
+    out = tmp_path / "analysed"
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123"]) == 0
+    runs = sorted((suite_dir / "runs").iterdir())
+    lasts = [pq.read_table(run / "metrics.parquet").to_pylist()[-1]["gm_class_acc"] for run in runs]
+    assert len(lasts) == 2  # each trial's last evaluation, its list of per-class accuracies
+    want = []
+    for values in zip(*lasts, strict=True):
+        present = [v for v in values if v is not None]
+        want.append("–" if not present else f"{100 * sum(present) / len(present):.1f}")
+    header, row = class_rows((out / "README.md").read_text())
+    assert header == ["configuration", *map(str, range(len(want)))]
+    assert row == ["fedavg", *want]
