@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from raysim.capabilities.finetune import FineTune
 from raysim.config import ExperimentConfig
 from raysim.registry import ALGORITHMS, DatasetInfo
+from raysim.setups import Source
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
 
 if TYPE_CHECKING:
@@ -72,6 +73,13 @@ class Algorithm(Generic[StateT]):
         ``{"participation": 0.2, "train.lr": 0.01}``), chosen by what the dataset is (its shape and
         class count), so a new dataset gets the setup of the paper's dataset most like it; put
         beneath the user's settings unless ``paper_setup`` is false."""
+        return {}
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        """Where each key of ``paper_setup(dataset)`` comes from: :class:`raysim.setups.Stated`
+        (the paper's section or table) or :class:`raysim.setups.Choice` (whose value, where the
+        paper is silent); the same keys as the setup (``docs/algorithms.md``'s generated table)."""
         return {}
 
     @staticmethod

@@ -88,6 +88,7 @@ from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
+from raysim.setups import Source, Stated
 from raysim.toolkit.aggregate import apply_updates, average_uploads, subtract, weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -253,6 +254,17 @@ class Fed3p2(Algorithm[Fed3p2State]):
         if dataset.channels == 3:
             return {**common, "model": "cnn3p2_cifar", "clients": 20, "participation": 0.4, "train.lr": 0.001}
         return {**common, "model": "cnn3p2_fmnist", "clients": 100, "participation": 0.2, "train.lr": 0.01}
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        hyper = ["rounds", "clients", "participation", "train.lr", "train.lr_decay", "train.local_epochs"]
+        hyper += ["train.batch_size", "train.momentum", "train.weight_decay"]
+        return {
+            **dict.fromkeys(hyper, Stated("Sec. 5.1, Hyperparameters")),
+            "data.partition": Stated("Sec. 5.1, Statistically heterogeneous settings; Table 1 (Dir 0.1)"),
+            "data.test_mode": Stated("Sec. 5.1, Metric: each local test set follows its training set"),
+            "model": Stated("Sec. 5.1, Backbones"),
+        }
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Fed3p2Config) -> None:

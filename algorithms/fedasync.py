@@ -36,6 +36,7 @@ from raysim.capabilities.asynchronous import Asynchronous, Staleness
 from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
+from raysim.setups import Source, Stated
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult
 
@@ -70,6 +71,13 @@ class FedAsync(FedProx):
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
         return {"deployment.mode": "async", "deployment.buffer": 1}
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        return {
+            "deployment.mode": Stated("Algorithm 1: asynchronous updates"),
+            "deployment.buffer": Stated("Algorithm 1: every arriving model updates the global one"),
+        }
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: FedAsyncConfig) -> None:

@@ -39,6 +39,7 @@ from algorithms.fedavg import FedAvg, GlobalState
 from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
+from raysim.setups import Source, Stated
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult, ServerContext
 
@@ -81,6 +82,10 @@ class FedBuff(FedAvg):
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
         return {"deployment.mode": "async"}
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        return {"deployment.mode": Stated("Algorithm 1: buffered asynchronous aggregation")}
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: FedBuffConfig) -> None:

@@ -32,12 +32,14 @@ from algorithms.frozen_head import (
     check_etf_fits,
     dr_loss,
     drplus_setup,
+    drplus_sources,
     etf_classifier,
 )
 from raysim import rng
 from raysim.config import setting
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, DatasetInfo, dataset_info
+from raysim.setups import Source
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ServerContext, WeightsPayload
 
@@ -64,6 +66,10 @@ class FedDrPlus(FrozenHead):
         """FedDr+'s setup (:func:`drplus_setup`) with its rates: 0.35 on CIFAR-10 (Table 6), 5.0
         on CIFAR-100 (Table 7), 0.35 on Fashion-MNIST (a choice)."""
         return drplus_setup(dataset, cifar10_lr=0.35, cifar100_lr=5.0, grey_lr=0.35)
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        return drplus_sources(dataset, rates="Table 6 (CIFAR-10), Table 7 (CIFAR-100)")
 
     @classmethod
     def check(cls, cfg: Any, params: FedDrPlusConfig) -> None:

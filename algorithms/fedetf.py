@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, register
-from algorithms.frozen_head import drplus_setup, etf_classifier
+from algorithms.frozen_head import drplus_setup, drplus_sources, etf_classifier
 from raysim import rng
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
@@ -49,6 +49,7 @@ from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
+from raysim.setups import Source
 from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -141,6 +142,10 @@ class FedETF(Algorithm[ETFState]):
         """FedDr+'s setup (:func:`algorithms.feddrplus.drplus_setup`) with FedETF's rates of its
         Tables 6-7: 0.05 on CIFAR-10, 0.5 on CIFAR-100; 0.05 on Fashion-MNIST (a choice)."""
         return drplus_setup(dataset, cifar10_lr=0.05, cifar100_lr=0.5, grey_lr=0.05)
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        return drplus_sources(dataset, rates="FedDr+'s Table 6 (CIFAR-10), Table 7 (CIFAR-100), FedETF's row")
 
     @classmethod
     def check(cls, cfg: Any, params: FedETFConfig) -> None:

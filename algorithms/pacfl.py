@@ -48,6 +48,7 @@ from algorithms.clustered import ClusterState, OneShotClustered
 from algorithms.clustering import Linkage
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
+from raysim.setups import Choice, Source
 from raysim.wire import ClientResult
 
 if TYPE_CHECKING:
@@ -115,6 +116,11 @@ class PACFL(OneShotClustered):
             "train.lr": 0.01,
             "train.momentum": 0.5,
         }
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        keys = ("clients", "participation", "rounds", "train.local_epochs", "train.batch_size", "train.lr")
+        return dict.fromkeys((*keys, "train.momentum"), Choice("PACFL's authors' scripts (MMorafah/PACFL)"))
 
     def prologue_payload(self, state: ClusterState) -> SubspaceRequest:
         return SubspaceRequest(self.params.basis)

@@ -48,12 +48,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from algorithms.base import register
-from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup
+from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup, drplus_sources
 from raysim import rng
 from raysim.capabilities.extra_rounds import ExtraRounds
 from raysim.capabilities.finetune import FineTune
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, DatasetInfo, dataset_info
+from raysim.setups import Source
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
 
@@ -153,6 +154,10 @@ class SphereFed(FrozenHead):
         """FedDr+'s setup (:func:`algorithms.feddrplus.drplus_setup`) with SphereFed's rates of its
         Tables 6-7: 0.55 on CIFAR-10, 6.5 on CIFAR-100; 0.55 on Fashion-MNIST (a choice)."""
         return drplus_setup(dataset, cifar10_lr=0.55, cifar100_lr=6.5, grey_lr=0.55)
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
+        return drplus_sources(dataset, rates="FedDr+'s Table 6 (CIFAR-10), Table 7 (CIFAR-100), SphereFed's row")
 
     @classmethod
     def check(cls, cfg: Any, params: SphereFedConfig) -> None:

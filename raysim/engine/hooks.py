@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from raysim.config import ExperimentConfig
 from raysim.registry import DatasetInfo
+from raysim.setups import Source
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class AlgorithmHooks(Protocol):
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]: ...
+
+    @classmethod
+    def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]: ...
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None: ...
