@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the index beside it",
     )
     p.add_argument("--commit", help="with --publish: the code's commit, when the suite did not record it")
+    p.add_argument(
+        "--suite-file",
+        metavar="FILE",
+        help="with --publish: judge the claims and paper setting of this suite file (default: the suite directory's own)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -67,12 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
     try:
         args = build_parser().parse_args(argv)
+        if args.suite_file is not None and not args.publish:
+            raise ConfigError("--suite-file goes with --publish: it names the claims a published page judges.")
         if args.publish:
             if len(args.runs) != 2:
                 raise ConfigError("--publish takes a suite directory and the page's directory: SUITE_DIR OUT_DIR.")
             from raysim.suite.publish import publish
 
-            written = publish(args.runs[0], args.runs[1], args.commit)
+            written = publish(args.runs[0], args.runs[1], args.commit, args.suite_file)
             print(written[0])
             return 0
         if len(args.runs) == 1 and (Path(args.runs[0]) / "suite.yaml").is_file():  # a suite: draw it again

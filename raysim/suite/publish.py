@@ -86,12 +86,64 @@ def _wall_time(suite_dir: Path) -> list[str]:
     return out
 
 
+def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The page's sections on the paper: its setting against what ran, and its claims judged."""
+    from raysim.results.report import _md
+    from raysim.suite.claims import claims_table, judge, parse_claims, setting_differences, trial_values
+    from raysim.suite.results import yaml_safe_load
+    from raysim.suite.spec import dotted
+
+    names = [c["config"] for c in summary["configs"]]
+    claims = parse_claims(spec.get("claims"), names, str(src / "suite.yaml"))
+    paper = dotted(spec.get("paper_setting"), "paper_setting")
+    out: list[str] = []
+    if paper:
+        ran = {}
+        for c in summary["configs"]:
+            seeds = sorted(c["seeds"])
+            saved = src / "runs" / f"{c['config']}-seed{seeds[0]}" / "config.yaml" if seeds else None
+            if saved is not None and saved.is_file():
+                ran[c["config"]] = yaml_safe_load(saved)
+        lines = setting_differences(paper, ran)
+        stated = ", ".join(f"`{k}={v}`" for k, v in paper.items())
+        out += [
+            "## The paper's setting against what ran",
+            "",
+            f"The paper's setting for what this page reproduces, as the suite file states it: {_md(stated)}. "
+            "Every setting that ran otherwise (from each configuration's saved config):",
+            "",
+            *(lines or ["- none: every stated setting ran as the paper's"]),
+            "",
+        ]
+    if claims:
+        trials = trial_values(rows, int(spec.get("base", {}).get("eval.last_k", 5)))
+        seeds = sorted({int(x) for c in summary["configs"] for x in c["seeds"]})
+        verdicts = [judge(c, trials, seeds) for c in claims]
+        out += [
+            "## Claims",
+            "",
+            "The paper's claims the suite file declares, judged on every seed from this page's runs "
+            "(raysim/suite/claims.py): \"holds on every seed\", \"holds on k of n\", \"does not hold\" "
+            "(every seed misses, by more than the seeds' spread) or \"cannot be told\" (every seed "
+            "misses, within the spread, or a number is missing). The margin is how far each seed's "
+            "values clear the claim, in points (negative: short of it).",
+            "",
+            claims_table(verdicts),
+        ]
+    return out
+
+
 def publish(
-    suite_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], commit: str | None = None
+    suite_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    commit: str | None = None,
+    suite_file: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
     """Write the page of the suite in ``suite_dir`` into ``out_dir`` and the index beside it.
-    ``commit``: the code's commit when the suite did not record it. Returns the paths written,
-    the page first."""
+    ``commit``: the code's commit when the suite did not record it; ``suite_file``: the suite file
+    whose claims and paper setting the page judges by (default the suite directory's own copy; a
+    newer file for a suite run before its claims were written, whose configurations it must
+    name). Returns the paths written, the page first."""
     import pyarrow.parquet as pq
 
     src, out = Path(suite_dir), Path(out_dir)
@@ -110,6 +162,11 @@ def publish(
     from raysim.suite.results import yaml_safe_load
 
     spec = yaml_safe_load(src / "suite.yaml")
+    if suite_file is not None:
+        from raysim.config import load_config_file
+
+        given = load_config_file(suite_file)
+        spec = {**spec, "claims": given.get("claims"), "paper_setting": given.get("paper_setting")}
     description = spec.get("description", "")
     parts = [
         f"# {summary['suite']}",
@@ -136,6 +193,7 @@ def publish(
         "</details>",
         "",
     ]
+    parts += _paper_sections(spec, src, summary, rows)
     class_table = class_accuracy_table(rows, summary)
     if class_table:  # eval.analyses (raysim.results.analysis)
         parts += [

@@ -18,6 +18,7 @@ from raysim.errors import ConfigError
 
 if TYPE_CHECKING:
     from raysim.engine.experiment import Experiment
+    from raysim.suite.claims import Claim
 
 SUITE_FILE = "suite.yaml"
 STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes): name, start|resume, time, pid
@@ -114,6 +115,11 @@ class Suite:
     #: a baseline (e.g. FedAvg) each configuration is paired with at equal compute: its rounds and
     #: epochs, and the clients a round that train as many client-epochs
     equal_compute: SuiteConfig | None = None
+    #: the paper's claims the suite tests, judged on its page (raysim.suite.claims)
+    claims: tuple[Claim, ...] = ()
+    #: the paper's setting for what the suite reproduces (dotted settings); the page lists every
+    #: difference from what ran
+    paper_setting: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,7 @@ def load_suite(path: str | Path) -> Suite:
     data = load_config_file(path)
     known = {
         "name", "description", "base", "configs", "grid", "seeds", "search", "scheduler", "driver_cpus",
-        "equal_compute",
+        "equal_compute", "claims", "paper_setting",
     }  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
@@ -256,7 +262,7 @@ def load_suite(path: str | Path) -> Suite:
     pair = data.get("equal_compute")
     if pair is not None and (not isinstance(pair, Mapping) or "name" not in pair):
         raise ConfigError(f"equal_compute in {path} is a configuration: a name and its settings under 'set'.")
-    return make_suite(
+    suite = make_suite(
         name=str(data.get("name") or Path(path).stem),
         base=dotted(data.get("base"), "base"),
         configs=configs,
@@ -270,6 +276,17 @@ def load_suite(path: str | Path) -> Suite:
         if pair is not None
         else None,
     )
+    return paper_of(suite, data, str(path))
+
+
+def paper_of(suite: Suite, data: Mapping[str, Any], path: str) -> Suite:
+    """``suite`` with the paper's claims and setting of the suite file's ``data`` (``claims``,
+    ``paper_setting``: :mod:`raysim.suite.claims`), checked against its configurations."""
+    from raysim.suite.claims import parse_claims
+
+    claims = parse_claims(data.get("claims"), [c.name for c in suite.configs], path)
+    setting = dotted(data.get("paper_setting"), "paper_setting")
+    return dataclasses.replace(suite, claims=claims, paper_setting=setting)
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -641,6 +658,12 @@ def to_yaml(suite: Suite) -> dict[str, Any]:
         out["scheduler"] = dataclasses.asdict(suite.scheduler)
     if suite.equal_compute is not None:
         out["equal_compute"] = {"name": suite.equal_compute.name, "set": dict(suite.equal_compute.settings)}
+    if suite.claims:
+        from raysim.suite.claims import claim_dict
+
+        out["claims"] = [claim_dict(c) for c in suite.claims]
+    if suite.paper_setting:
+        out["paper_setting"] = dict(suite.paper_setting)
     return out
 
 
