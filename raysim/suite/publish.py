@@ -7,7 +7,9 @@
   per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
   metric, and the mean of each seed's best (the figure papers that report the highest accuracy
   compare with), beside the paper's figure; then (folded) each trial's final value and last-k
-  mean, seed by seed; where the trials ran with ``eval.analyses``, the global model's accuracy on
+  mean, seed by seed; (folded) each configuration's training and evaluation time per round; the
+  paper's setting against what ran and the paper's claims judged (``raysim.suite.claims``), where
+  the suite file declares them; where the trials ran with ``eval.analyses``, the global model's accuracy on
   each class of G-Test at the last evaluation, a row per configuration (mean over seeds); then the
   curves, and ``notes.md`` if ``OUT`` has one;
 - ``summary.json``: the suite's own summary, as the suite wrote it;
@@ -84,6 +86,33 @@ def _wall_time(suite_dir: Path) -> list[str]:
             f"- elapsed, first trial start to last trial end (pauses included): {(max(ends) - min(starts)) / 3600:.2f} h"
         )
     return out
+
+
+def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
+    """A markdown table, one row per configuration: the mean over its seeds of each trial's own
+    training and evaluation time per round (``train_time_s``, ``eval_time_s`` over ``rounds``, from
+    the trials' ``summary.json``), in seconds; "" when no trial recorded them. Trials that ran side
+    by side on shared cores count each other's load: compare rows of one suite, run together."""
+    per: dict[str, list[tuple[float, float]]] = {}
+    for s in sorted((suite_dir / "runs").glob("*/summary.json")):
+        trial_file = s.with_name("trial.json")
+        if not trial_file.is_file():
+            continue
+        run, trial = json.loads(s.read_text()), json.loads(trial_file.read_text())
+        rounds = int(run.get("rounds") or 0)
+        if rounds > 0 and run.get("train_time_s") is not None:
+            per.setdefault(str(trial["config"]), []).append(
+                (float(run["train_time_s"]) / rounds, float(run.get("eval_time_s") or 0.0) / rounds)
+            )
+    if not per:
+        return ""
+    lines = ["| configuration | trials | training (s/round) | evaluation (s/round) |", "|---|---|---|---|"]
+    for c in summary["configs"]:
+        got = per.get(c["config"], [])
+        if got:
+            train, evaluate = (sum(x) / len(got) for x in zip(*got, strict=True))
+            lines.append(f"| {c['config']} | {len(got)} | {train:.2f} | {evaluate:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
@@ -193,6 +222,16 @@ def publish(
         "</details>",
         "",
     ]
+    times = time_table(src, summary)
+    if times:
+        parts += [
+            "<details><summary>Time per round: each trial's own training and evaluation time over its "
+            "rounds, mean over seeds (s)</summary>",
+            "",
+            times,
+            "</details>",
+            "",
+        ]
     parts += _paper_sections(spec, src, summary, rows)
     class_table = class_accuracy_table(rows, summary)
     if class_table:  # eval.analyses (raysim.results.analysis)
@@ -241,4 +280,4 @@ def write_index(results_dir: str | os.PathLike[str]) -> Path:
     return index
 
 
-__all__ = ["NOTES", "PAGE", "publish", "write_index"]
+__all__ = ["NOTES", "PAGE", "publish", "time_table", "write_index"]

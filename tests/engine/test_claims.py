@@ -194,3 +194,20 @@ def test_no_published_page_with_claims_has_a_verdict_in_its_notes():
         notes = readme.with_name("notes.md")
         if "## Claims" in readme.read_text() and notes.is_file():
             assert verdict_phrases(notes.read_text()) == [], notes
+
+
+def test_the_page_gives_each_configurations_time_per_round_from_its_trials(tmp_path: Path):
+    import json
+
+    from raysim.suite.publish import time_table
+
+    suite_dir = make_suite_dir(tmp_path)
+    summary = json.loads((suite_dir / "summary.json").read_text())
+    table = time_table(suite_dir, summary)
+    rows = [line for line in table.splitlines()[2:]]
+    assert len(rows) == len(summary["configs"]) == 4
+    name = summary["configs"][0]["config"]
+    runs = [json.loads((suite_dir / "runs" / f"{name}-seed{s}" / "summary.json").read_text()) for s in (0, 1)]
+    want = sum(r["train_time_s"] / r["rounds"] for r in runs) / 2
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[:2] == [name, "2"] and float(cells[2]) == pytest.approx(want, abs=0.006)
