@@ -270,6 +270,10 @@ def judge(
     return Verdict(claim, verdict, tuple(judged), values, margins, reason)
 
 
+#: a parameter the configuration's algorithm does not have (e.g. FedFCD's lambda on a FedAvg row)
+NOT_ITS = object()
+
+
 def _lookup(config: Mapping[str, Any], key: str) -> Any:
     """A dotted setting of a run's saved config (``config.yaml``); ``algo.X`` from its parameters."""
     if key.startswith("algo."):
@@ -286,7 +290,7 @@ def _lookup(config: Mapping[str, Any], key: str) -> Any:
         defaults = {
             f.name: f.default for f in dataclasses.fields(algorithm_class(str(config["algo"])).Config)
         }
-        return defaults.get(field)
+        return defaults.get(field, NOT_ITS)
     value: Any = config
     for part in key.split("."):
         if not isinstance(value, Mapping) or part not in value:
@@ -316,13 +320,16 @@ def _shown(value: Any) -> str:
 
 def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """One line per setting of the paper's (``paper_setting``: dotted keys) that some configuration
-    ran otherwise: the paper's value, and each value run with the configurations that ran it.
+    ran otherwise: the paper's value, and each value run with the configurations that ran it (an
+    ``algo.X`` the configuration's algorithm does not have is no difference).
     ``ran``: configuration -> its resolved config as the run saved it."""
     out = []
     for key, want in paper.items():
         got: dict[str, list[str]] = {}
         for name, config in ran.items():
             value = _lookup(config, key)
+            if value is NOT_ITS:  # the algorithm has no such parameter: nothing to differ
+                continue
             if not _same(value, want):
                 got.setdefault(_shown(value), []).append(name)
         if not got:

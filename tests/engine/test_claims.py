@@ -143,8 +143,8 @@ def test_the_settings_that_differ_from_the_papers_are_listed_every_one():
     assert lines == [
         "- `rounds`: the paper's 100; ran 30 (every configuration)",
         "- `train.lr`: the paper's 0.01; ran 0.05 in `fedfcd`",
-        # FedAvg has no lambda; FedFCD's default is 1.0 (its Config's, not a paper setup's here)
-        "- `algo.lambda`: the paper's 5.0; ran unset in `fedavg`; 1.0 in `fedfcd`",
+        # FedAvg has no lambda (no difference); FedFCD's default is 1.0 (its Config's)
+        "- `algo.lambda`: the paper's 5.0; ran 1.0 in `fedfcd`",
     ]
     assert setting_differences({"rounds": 30}, ran) == []
 
