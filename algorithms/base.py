@@ -92,6 +92,12 @@ class Algorithm(Generic[StateT]):
         return model
 
     @classmethod
+    def evaluates_global(cls, cfg: ExperimentConfig) -> bool:
+        """Whether the run has a global model to evaluate (``gm_gtest``, ``gm_ptest``): the
+        class's ``has_global_model``, unless a setting gives it one (FedPer's global head)."""
+        return cls.has_global_model
+
+    @classmethod
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
         """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
         own, or its fine-tuned global model."""
@@ -141,7 +147,7 @@ class Algorithm(Generic[StateT]):
         evaluation payload."""
         from raysim.models import set_weights
 
-        if not self.has_global_model:
+        if not self.evaluates_global(self.cfg):
             return None
         set_weights(model, eval_payload)
         return model

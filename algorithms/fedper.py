@@ -9,29 +9,60 @@ training-set size; the ``head`` is personal and never leaves its client (kept on
   the body for ``body_epochs`` with the head frozen (defaults 10 and 1, as the FedRep paper's
   experiments do); it uploads the body.
 - LM of client k = the global body with k's head (its initial head until it is first sampled).
-  There is no global model (``gm_*`` null).
+- No global model by default (``gm_*`` null): the head never leaves its client, and neither
+  paper evaluates one. Fed3+2p's Table 1 quotes a GM for both without saying how it was read;
+  ``algo.global_head=true`` gives the reading of a shared body with an averaged head (a choice):
+  each trained client also uploads its head, and the server averages the heads by training-set
+  size, beside the body, into a global model that is only evaluated. Training and the LM are the
+  same either way; the upload grows by the head. (PFLlib's FedPer server aggregates only the
+  uploaded bodies and evaluates only the personalised models: ``system/flcore/servers/
+  serverper.py``, read at commit 0c46403.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from algorithms.base import register
+from algorithms.fedavg import GlobalState
 from algorithms.personal import Pass, SharedAndPersonal
 from raysim.errors import ConfigError
 from raysim.weights import BODY
+from raysim.wire import Job, WeightsPayload
 
-if TYPE_CHECKING:
-    pass
+
+@dataclass(frozen=True)
+class SharedBodyConfig:
+    #: evaluate a global model: the body with the trained clients' heads averaged (PFLlib's)
+    global_head: bool = False
 
 
 class SharedBody(SharedAndPersonal):
-    """Shared, averaged body; personal head on the home worker."""
+    """Shared, averaged body; personal head on the home worker (and, with ``global_head``, the
+    heads also averaged on the server into a global model that is only evaluated)."""
 
+    Config = SharedBodyConfig
     has_global_model = False
-    shared_parts = BODY
+    shared_parts: tuple[str, ...] = BODY
     personal_parts = ("head",)
+
+    def __init__(self, cfg: Any, params: Any) -> None:
+        super().__init__(cfg, params)
+        if params.global_head:  # the head goes up with the body and is averaged beside it
+            self.shared_parts = (*BODY, "head")
+
+    @classmethod
+    def evaluates_global(cls, cfg: Any) -> bool:
+        from raysim.engine.experiment import algorithm_params
+
+        return bool(algorithm_params(cfg, cls).global_head)  # type: ignore[arg-type]
+
+    def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:
+        """The body goes down; a client trains with its own head, so the averaged one stays here."""
+        payload = WeightsPayload(state.weights.select(BODY), self.lr(rnd))
+        return [Job((c,), payload, pinned=self.pinned) for c in sampled]
 
 
 @register("fedper")
@@ -44,7 +75,7 @@ class FedPer(SharedBody):
 
 
 @dataclass(frozen=True)
-class FedRepConfig:
+class FedRepConfig(SharedBodyConfig):
     head_epochs: int = 10
     body_epochs: int = 1
 
@@ -66,4 +97,4 @@ class FedRep(SharedBody):
         return [Pass(("head",), cross_entropy, p.head_epochs), Pass(BODY, cross_entropy, p.body_epochs)]
 
 
-__all__ = ["FedPer", "FedRep", "FedRepConfig", "SharedBody"]
+__all__ = ["FedPer", "FedRep", "FedRepConfig", "SharedBody", "SharedBodyConfig"]

@@ -46,6 +46,9 @@ class AlgorithmHooks(Protocol):
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None: ...
 
     @classmethod
+    def evaluates_global(cls, cfg: ExperimentConfig) -> bool: ...
+
+    @classmethod
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool: ...
 
     @classmethod

@@ -20,8 +20,8 @@ from raysim.results.metrics import METRICS
 def reported_metrics(cfg: ExperimentConfig, algorithm: type[AlgorithmHooks]) -> tuple[str, ...]:
     """The accuracies a run of ``algorithm`` under ``cfg`` gives values to, in the tables' order."""
     has = {
-        "gm_gtest": algorithm.has_global_model,
-        "gm_ptest": algorithm.has_global_model,
+        "gm_gtest": algorithm.evaluates_global(cfg),
+        "gm_ptest": algorithm.evaluates_global(cfg),
         "lm_ptest": algorithm.evaluates_personal(cfg) or cfg.eval.updated_lm,
         "updated_lm_ptest": cfg.eval.updated_lm,
     }

@@ -4,6 +4,7 @@ personal, what trains when (FedBABU, FedPer, FedRep, FedRoD, Ditto, SCAFFOLD).""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
@@ -48,6 +49,34 @@ def test_fedper_averages_the_body_and_keeps_heads_on_their_clients(tmp_path):
     run_round(ex, 2, [1, 2])
     assert ex.runtime.kept(0).select(("head",)).equals(heads[0])  # not sampled: its head did not move
     assert not ex.runtime.kept(1).select(("head",)).equals(heads[1])  # sampled: it trained its own head again
+
+
+@pytest.mark.parametrize("algo", ["fedper", "fedrep"])
+def test_a_global_head_averages_the_trained_heads_for_evaluation_only(tmp_path, algo):
+    """algo.global_head: the trained clients' heads come up with the body and are averaged by
+    training-set size into the evaluated global model; the body still goes down alone, each client
+    trains with its own head, and the local models are those of a run without it."""
+    ex = _executor(tmp_path / "gm", algo, **{"algo.global_head": True})
+    plain = _executor(tmp_path / "plain", algo)
+    got = run_round(ex, 1, [0, 1, 2, 3])
+    assert all(set(r.weights.part_names) == {*BODY, "head"} for r in got)
+    heads = [ex.runtime.kept(c).select(("head",)) for c in (0, 1, 2, 3)]
+    np.testing.assert_allclose(
+        ex.server.state.weights.part("head"),
+        weighted_mean(heads, [r.num_samples for r in got]).part("head"),
+        rtol=1e-6,
+    )
+    jobs = ex.runtime.algo.plan(ex.server.state, 2, [0])
+    assert set(jobs[0].payload.weights.part_names) == set(BODY)  # the averaged head stays on the server
+    run_round(plain, 1, [0, 1, 2, 3])
+    for c in (0, 1, 2, 3):  # the same local training
+        assert ex.runtime.kept(c).equals(plain.runtime.kept(c))
+    assert ex.server.state.weights.select(BODY).equals(plain.server.state.weights)
+    with_gm = run_experiment(tiny_config(tmp_path / "run_gm", algo=algo, **{"algo.global_head": True}))
+    without = run_experiment(tiny_config(tmp_path / "run", algo=algo))
+    assert all(r["gm_gtest"] is not None for r in with_gm.rows)
+    assert all(r["gm_gtest"] is None for r in without.rows)
+    assert [r["lm_ptest"] for r in with_gm.rows] == [r["lm_ptest"] for r in without.rows]
 
 
 def test_fedrep_trains_the_head_then_the_body(tmp_path, monkeypatch):
@@ -167,3 +196,16 @@ def test_scaffold_control_is_option_ii_under_plain_sgd(tmp_path):
         )
         new = ex.runtime.stored(0, "control").part(part)
         np.testing.assert_allclose(new, option_ii, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.ray
+def test_a_global_head_gives_the_same_numbers_on_serial_and_ray(tmp_path, ray_local):
+    from tests.conftest import without_times
+
+    changes = {"algo.global_head": True}
+    serial = run_experiment(tiny_config(tmp_path / "s", algo="fedper", **changes))
+    ray_run = run_experiment(
+        tiny_config(tmp_path / "r", algo="fedper", **changes, **{"ray.executor": "ray", "ray.workers": 2})
+    )
+    assert without_times(ray_run.rows) == without_times(serial.rows)
+    assert serial.rows[-1]["gm_gtest"] is not None

@@ -81,7 +81,7 @@ class RayExecutor:
         self.num_workers = num_workers
         self.owns_ray = owns_ray
         algo_cls = exp.algorithm
-        self.has_global = algo_cls.has_global_model
+        self.has_global = algo_cls.evaluates_global(cfg)
         self.batch_pinned = Batching.of(algo_cls).pinned
         self.presum = Presum.applies(algo_cls, cfg)  # uploads summed on the workers, in blocks
         self._coeffs: Any = None  # this round's upload coefficients, when its blocks are summed on the workers

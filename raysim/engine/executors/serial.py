@@ -71,10 +71,11 @@ class SerialExecutor:
 
     def evaluate(self, rnd: int) -> EvalReport:
         algo = self.runtime.algo
-        targets = eval_targets(self.data) if algo.has_global_model else []
+        has_global = algo.evaluates_global(self.cfg)
+        targets = eval_targets(self.data) if has_global else []
         clients = list(range(self.data.num_clients)) if algo.evaluates_personal(self.cfg) else []
         part = self.runtime.evaluate(rnd, self.server.eval_payload(), targets, clients)
-        return assemble_report(self.data, targets, [part], algo.has_global_model)
+        return assemble_report(self.data, targets, [part], has_global)
 
     def validate(self, rnd: int) -> float:
         """The global model's accuracy on the validation parts, passed back to the server."""
