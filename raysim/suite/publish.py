@@ -117,7 +117,6 @@ def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
 
 def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The page's sections on the paper: its setting against what ran, and its claims judged."""
-    from raysim.results.report import _md
     from raysim.suite.claims import claims_table, judge, parse_claims, setting_differences, trial_values
     from raysim.suite.results import yaml_safe_load
     from raysim.suite.spec import dotted
@@ -134,11 +133,11 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
             if saved is not None and saved.is_file():
                 ran[c["config"]] = yaml_safe_load(saved)
         lines = setting_differences(paper, ran)
-        stated = ", ".join(f"`{k}={v}`" for k, v in paper.items())
+        stated = ", ".join(f"`{k}={v}`" for k, v in paper.items()).replace("|", "\\|")
         out += [
             "## The paper's setting against what ran",
             "",
-            f"The paper's setting for what this page reproduces, as the suite file states it: {_md(stated)}. "
+            f"The paper's setting for what this page reproduces, as the suite file states it: {stated}. "
             "Every setting that ran otherwise (from each configuration's saved config):",
             "",
             *(lines or ["- none: every stated setting ran as the paper's"]),

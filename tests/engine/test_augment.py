@@ -123,4 +123,4 @@ def test_feddrplus_setups_augment_colour_images_as_their_base_code(dataset, clas
 
     info = DatasetInfo(dataset, classes, shape, 50_000, 10_000)
     assert FedDrPlus.paper_setup(info).get("data.augment") == augment
-    assert "data.augment" not in FedFCD.paper_setup(info)  # PFLlib's setup, which FedFCD's follows: none
+    assert FedFCD.paper_setup(info)["data.augment"] == "none"  # PFLlib's setup, which FedFCD's follows
