@@ -70,6 +70,11 @@ def resolved(algo: str, dataset: str) -> tuple[dict[str, Any], ExperimentConfig]
     return setup, resolve_config({"algo": algo, "data": {"dataset": dataset}})
 
 
+def builtin_algorithms() -> list[str]:
+    """The registered algorithms that raysim ships (``algorithms/``), not a plugin's."""
+    return [n for n in ALGORITHMS.names() if algorithm_class(n).__module__.startswith("algorithms.")]
+
+
 def check_sources(algo: str) -> None:
     """Raise ConfigError unless ``algo``'s setup sources name exactly its setup's keys."""
     cls = algorithm_class(algo)
@@ -122,8 +127,9 @@ def algorithm_table(algo: str) -> str:
 
 
 def setups_section(algos: Sequence[str] | None = None) -> str:
-    """The generated block: a table per algorithm with a paper setup, then those without one."""
-    names = sorted(algos if algos is not None else ALGORITHMS.names())
+    """The generated block: a table per algorithm with a paper setup, then those without one
+    (``algos``: by default raysim's own, not those plugins registered)."""
+    names = sorted(algos if algos is not None else builtin_algorithms())
     with_setup: list[str] = []
     without: list[str] = []
     for name in names:
@@ -163,4 +169,4 @@ def write(path: str | Path) -> bool:
     return new != text
 
 
-__all__ = ["BEGIN", "DATASETS", "END", "SETTINGS", "algorithm_table", "check_sources", "replace_section", "setups_section", "write"]
+__all__ = ["builtin_algorithms", "BEGIN", "DATASETS", "END", "SETTINGS", "algorithm_table", "check_sources", "replace_section", "setups_section", "write"]

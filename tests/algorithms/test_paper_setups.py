@@ -79,3 +79,19 @@ def test_feddrplus_trains_cifar_augmented_and_fashion_mnist_not():
     assert resolved("feddrplus", "cifar10")[1].data.augment == "crop_flip"
     assert resolved("feddrplus", "cifar100")[1].data.augment == "crop_flip"
     assert resolved("feddrplus", "fmnist")[1].data.augment == "none"
+
+
+def test_the_table_is_of_raysims_own_algorithms_whatever_plugins_registered():
+    from algorithms.base import Algorithm, register
+    from raysim.engine.setups import builtin_algorithms
+
+    @register("setup_table_plugin")
+    class Plugin(Algorithm):
+        pass
+
+    try:
+        assert "setup_table_plugin" in ALGORITHMS.names()
+        assert "setup_table_plugin" not in builtin_algorithms()
+        assert doc_block() == setups_section()
+    finally:
+        ALGORITHMS._entries.pop("setup_table_plugin", None)  # type: ignore[attr-defined]
