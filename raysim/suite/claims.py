@@ -321,12 +321,18 @@ def _shown(value: Any) -> str:
 def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """One line per setting of the paper's (``paper_setting``: dotted keys) that some configuration
     ran otherwise: the paper's value, and each value run with the configurations that ran it (an
-    ``algo.X`` the configuration's algorithm does not have is no difference).
+    ``algo.X`` the configuration's algorithm does not have is no difference). An ``algo.X`` given as
+    a table of algorithms (``algo.lambda: {fedfcd: 1.0}``) is the paper's for those algorithms
+    only (another's parameter of the same name means something else).
     ``ran``: configuration -> its resolved config as the run saved it."""
     out = []
-    for key, want in paper.items():
+    for key, stated in paper.items():
+        per_algorithm = key.startswith("algo.") and isinstance(stated, Mapping)
         got: dict[str, list[str]] = {}
         for name, config in ran.items():
+            if per_algorithm and str(config.get("algo")) not in stated:
+                continue
+            want = stated[str(config.get("algo"))] if per_algorithm else stated
             value = _lookup(config, key)
             if value is NOT_ITS:  # the algorithm has no such parameter: nothing to differ
                 continue
@@ -340,7 +346,10 @@ def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str,
             where = "ran " + "; ".join(
                 f"{v} in " + ", ".join(f"`{n}`" for n in names) for v, names in got.items()
             )
-        out.append(f"- `{key}`: the paper's {_shown(want)}; {where}")
+        shown = (
+            ", ".join(f"{_shown(v)} ({a})" for a, v in stated.items()) if per_algorithm else _shown(stated)
+        )
+        out.append(f"- `{key}`: the paper's {shown}; {where}")
     return out
 
 

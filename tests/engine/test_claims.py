@@ -147,6 +147,12 @@ def test_the_settings_that_differ_from_the_papers_are_listed_every_one():
         "- `algo.lambda`: the paper's 5.0; ran 1.0 in `fedfcd`",
     ]
     assert setting_differences({"rounds": 30}, ran) == []
+    # lambda as FedFCD's only: GPFL's lambda is another parameter
+    ran["gpfl"] = {"algo": "gpfl", "rounds": 30, "algo_params": {"lambda": 0.01}}
+    assert setting_differences({"algo.lambda": {"fedfcd": 5.0}}, ran) == [
+        "- `algo.lambda`: the paper's 5.0 (fedfcd); ran 1.0 in `fedfcd`"
+    ]
+    assert setting_differences({"algo.lambda": {"fedfcd": 1.0}}, ran) == []
 
 
 def test_the_page_judges_the_suites_claims_and_lists_the_settings_that_differ(tmp_path: Path):
