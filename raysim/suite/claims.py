@@ -312,9 +312,13 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A setting's value as a page writes it (lists in brackets, booleans in lower case, a table of
+    algorithms as ``value (algorithm)``)."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{shown(v)} ({k})" for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_shown(v) for v in value) + "]"
+        return "[" + ", ".join(shown(v) for v in value) + "]"
     return "unset" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -337,7 +341,7 @@ def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str,
             if value is NOT_ITS:  # the algorithm has no such parameter: nothing to differ
                 continue
             if not _same(value, want):
-                got.setdefault(_shown(value), []).append(name)
+                got.setdefault(shown(value), []).append(name)
         if not got:
             continue
         if len(got) == 1 and len(next(iter(got.values()))) == len(ran):
@@ -346,10 +350,7 @@ def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str,
             where = "ran " + "; ".join(
                 f"{v} in " + ", ".join(f"`{n}`" for n in names) for v, names in got.items()
             )
-        shown = (
-            ", ".join(f"{_shown(v)} ({a})" for a, v in stated.items()) if per_algorithm else _shown(stated)
-        )
-        out.append(f"- `{key}`: the paper's {shown}; {where}")
+        out.append(f"- `{key}`: the paper's {shown(stated)}; {where}")
     return out
 
 
@@ -419,6 +420,7 @@ __all__ = [
     "margin",
     "parse_claims",
     "setting_differences",
+    "shown",
     "verdict_phrases",
     "trial_values",
     "verdict_of",

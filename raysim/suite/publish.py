@@ -117,7 +117,14 @@ def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
 
 def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The page's sections on the paper: its setting against what ran, and its claims judged."""
-    from raysim.suite.claims import claims_table, judge, parse_claims, setting_differences, trial_values
+    from raysim.suite.claims import (
+        claims_table,
+        judge,
+        parse_claims,
+        setting_differences,
+        shown,
+        trial_values,
+    )
     from raysim.suite.results import yaml_safe_load
     from raysim.suite.spec import dotted
 
@@ -133,7 +140,7 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
             if saved is not None and saved.is_file():
                 ran[c["config"]] = yaml_safe_load(saved)
         lines = setting_differences(paper, ran)
-        stated = ", ".join(f"`{k}={v}`" for k, v in paper.items()).replace("|", "\\|")
+        stated = ", ".join(f"`{k}={shown(v)}`" for k, v in paper.items()).replace("|", "\\|")
         out += [
             "## The paper's setting against what ran",
             "",
