@@ -128,7 +128,9 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
     from raysim.suite.results import yaml_safe_load
     from raysim.suite.spec import dotted
 
+    # the suite's configurations, run or not (a claim on a row that never finished cannot be told)
     names = [c["config"] for c in summary["configs"]]
+    names += [str(c["name"]) for c in spec.get("configs") or [] if str(c.get("name")) not in names]
     claims = parse_claims(spec.get("claims"), names, str(src / "suite.yaml"))
     paper = dotted(spec.get("paper_setting"), "paper_setting")
     out: list[str] = []
@@ -200,8 +202,11 @@ def publish(
     if suite_file is not None:
         from raysim.config import load_config_file
 
+        from raysim.suite.spec import load_suite
+
         given = load_config_file(suite_file)
-        spec = {**spec, "claims": given.get("claims"), "paper_setting": given.get("paper_setting")}
+        configs = [{"name": c.name} for c in load_suite(suite_file).configs]
+        spec = {**spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting")}
     description = spec.get("description", "")
     parts = [
         f"# {summary['suite']}",
