@@ -201,11 +201,10 @@ def publish(
     spec = yaml_safe_load(src / "suite.yaml")
     if suite_file is not None:
         from raysim.config import load_config_file
-
         from raysim.suite.spec import load_suite
 
         given = load_config_file(suite_file)
-        configs = [{"name": c.name} for c in load_suite(suite_file).configs]
+        configs = [{"name": c.name} for c in load_suite(Path(suite_file)).configs]
         spec = {**spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting")}
     description = spec.get("description", "")
     parts = [
