@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim.engine.setups import NOT_ITS, setting_of
 from raysim.errors import ConfigError
 
 STATS = ("final", "last_k", "best")
@@ -270,35 +271,6 @@ def judge(
     return Verdict(claim, verdict, tuple(judged), values, margins, reason)
 
 
-#: a parameter the configuration's algorithm does not have (e.g. FedFCD's lambda on a FedAvg row)
-NOT_ITS = object()
-
-
-def _lookup(config: Mapping[str, Any], key: str) -> Any:
-    """A dotted setting of a run's saved config (``config.yaml``); ``algo.X`` from its parameters."""
-    if key.startswith("algo."):
-        import dataclasses
-
-        from raysim.engine.experiment import KEYWORD_PARAMS, algorithm_class
-
-        params = config.get("algo_params") or {}
-        name = key.removeprefix("algo.")
-        field = KEYWORD_PARAMS.get(name, name)
-        for given in (name, field):
-            if given in params:
-                return params[given]
-        defaults = {
-            f.name: f.default for f in dataclasses.fields(algorithm_class(str(config["algo"])).Config)
-        }
-        return defaults.get(field, NOT_ITS)
-    value: Any = config
-    for part in key.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
@@ -337,7 +309,7 @@ def setting_differences(paper: Mapping[str, Any], ran: Mapping[str, Mapping[str,
             if per_algorithm and str(config.get("algo")) not in stated:
                 continue
             want = stated[str(config.get("algo"))] if per_algorithm else stated
-            value = _lookup(config, key)
+            value = setting_of(config, key)
             if value is NOT_ITS:  # the algorithm has no such parameter: nothing to differ
                 continue
             if not _same(value, want):
