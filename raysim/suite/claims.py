@@ -1,22 +1,36 @@
 """A paper's claims, declared in a suite file and judged on the suite's own numbers, seed by seed.
 
 A suite file's ``claims`` is a list; each claim cites where the paper makes it (``where``: a table,
-figure or section) and reads one metric (``metric``: ``gm_gtest``, ``gm_ptest``, ``lm_ptest``, ...)
-through one statistic of each trial (``stat``: ``final``, the value after the last round; ``last_k``,
-the mean of the last k evaluations; ``best``, the highest evaluated value, the figure papers that
-report their best accuracy give). Four forms:
+figure or section) and reads one quantity of each trial (``metric``) through one statistic
+(``stat``). The quantities (``QUANTITIES``):
+
+- the accuracies ``gm_gtest``, ``gm_ptest``, ``lm_ptest`` and ``updated_lm_ptest``, in %;
+- the analyses' means over the round's clients (``eval.analyses``, raysim/results/analysis.py:
+  ``gm_obs_acc``, ``local_unobs_align``, ``local_obs_fdist``, ...), accuracies in %, the rest as
+  recorded (cosines, norms, distances, angles in degrees), and ``train_loss``;
+- ``train_s_per_round``: the trial's training time over its rounds, in seconds (its
+  ``summary.json``'s ``train_time_s`` over ``rounds``; trials that ran side by side count each
+  other's load).
+
+The statistics (``STATS``): ``final``, the value after the last round; ``last_k``, the mean of the
+last k evaluations; ``best``, the highest evaluated value (an accuracy's only: the figure papers
+that report their best accuracy give); ``mean``, the mean over the evaluated rounds (the only one
+of ``train_s_per_round``, a mean over the run). Four forms:
 
 - **figure**: ``{row: fedrod, paper: 92.7, within: 1.0}``: the row's value is within ``within``
-  points (%) of the paper's figure; with ``side: at_least``, it is at least the paper's figure less
-  ``within`` (the row reaches the paper's figure, however far above);
-- **better**: ``{better: fed3p2, than: fedavg}``: the first row's value is above the second's;
+  (in the quantity's unit: points for an accuracy) of the paper's figure; with ``side: at_least``,
+  it is at least the paper's figure less ``within`` (the row reaches the paper's figure, however
+  far above);
+- **better**: ``{better: fed3p2, than: fedavg}``: the first row's value is above the second's (for a
+  quantity where less is better, a time or a distance, name the row the paper says is larger first);
 - **order**: ``{order: [fed3p2, fedrod, feddyn]}``: the rows' values fall in that order, each
   above the next;
 - **trend**: ``{trend: [rowA, rowB, rowC], direction: falls}`` (or ``rises``): along the rows (a
   grid's values in order) the value falls (or rises) at every step.
 
 Each claim becomes a margin per seed, positive where it holds: ``within - |x - paper|`` for a
-figure (``x - paper + within`` at least), ``a - b`` for better, the smallest step for an order or a trend (in points, %). Rows are
+figure (``x - paper + within`` at least), ``a - b`` for better, the smallest step for an order or a
+trend (in the quantity's unit). Rows are
 paired by seed (a seed's rows share its data split and initial model). The verdict over n seeds,
 of which k hold:
 
@@ -33,8 +47,10 @@ claim with its per-seed values, the mean ± std of each row, its margins and its
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,11 +58,35 @@ import numpy as np
 from raysim.engine.setups import NOT_ITS, setting_of
 from raysim.errors import ConfigError
 
-STATS = ("final", "last_k", "best")
+STATS = ("final", "last_k", "best", "mean")
+#: the time a claim can read, from each trial's summary.json rather than metrics.parquet
+TIME = "train_s_per_round"
 DIRECTIONS = ("rises", "falls")
 SIDES = ("within", "at_least")
 #: the verdicts, the only words a page's judgement is written in
 HOLDS_EVERY, DOES_NOT_HOLD, CANNOT_BE_TOLD = "holds on every seed", "does not hold", "cannot be told"
+
+
+def quantities() -> tuple[str, ...]:
+    """Every quantity a claim can read (the module's docstring)."""
+    from raysim.results.analysis import ANALYSIS_COLUMNS
+    from raysim.results.metrics import METRICS
+
+    return (*METRICS, *ANALYSIS_COLUMNS, "train_loss", TIME)
+
+
+def is_accuracy(quantity: str) -> bool:
+    """Whether a quantity is an accuracy (read in %, and the only kind with a best)."""
+    from raysim.results.metrics import METRICS
+
+    return quantity in METRICS or quantity.endswith("_acc")
+
+
+def unit(quantity: str) -> str:
+    """The unit a page writes a quantity's values and margins in ("" for a plain number)."""
+    if is_accuracy(quantity):
+        return "%"
+    return "s" if quantity == TIME else "degrees" if quantity.endswith("_fangle") else ""
 
 
 @dataclass(frozen=True)
@@ -59,14 +99,15 @@ class Claim:
     metric: str
     stat: str
     where: str
-    paper: float | None = None  # figure: the paper's value, %
-    within: float | None = None  # figure: the tolerance, points
+    paper: float | None = None  # figure: the paper's value, in the quantity's unit
+    within: float | None = None  # figure: the tolerance, in the quantity's unit
     direction: str | None = None  # trend: rises or falls
     side: str = "within"  # figure: within (either side) or at_least
 
     def text(self) -> str:
         """The claim in words, for the page."""
-        m = f"{self.metric} ({self.stat.replace('_', '-')})"
+        u = unit(self.metric)
+        m = f"{self.metric} ({self.stat.replace('_', '-')}{', ' + u if u else ''})"
         if self.kind == "figure" and self.side == "at_least":
             return f"`{self.rows[0]}` {m} at least the paper's {self.paper:g}" + (
                 f" less {self.within:g}" if self.within else ""
@@ -85,8 +126,8 @@ class Verdict:
     claim: Claim
     verdict: str
     seeds: tuple[int, ...]  # the seeds judged
-    values: dict[str, list[float]]  # row -> its value on each judged seed, %
-    margins: list[float]  # per judged seed, points; positive where the claim holds
+    values: dict[str, list[float]]  # row -> its value on each judged seed, in the quantity's unit
+    margins: list[float]  # per judged seed, in the quantity's unit; positive where the claim holds
     reason: str = ""  # why it cannot be told, where no number could
 
 
@@ -101,8 +142,6 @@ def _fields(entry: Mapping[str, Any], where: str, required: Sequence[str], optio
 
 def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file") -> tuple[Claim, ...]:
     """The ``claims`` of a suite file, checked against its configurations' names."""
-    from raysim.results.metrics import METRICS
-
     if data is None:
         return ()
     if not isinstance(data, list):
@@ -141,10 +180,15 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
                 raise ConfigError(f"{where} names {r!r}, which is no configuration of the suite.")
         if len(set(rows)) < len(rows):
             raise ConfigError(f"{where} names a configuration twice.")
-        if entry["metric"] not in METRICS:
-            raise ConfigError(f"{where}'s metric is one of {', '.join(METRICS)}, not {entry['metric']!r}.")
-        if entry["stat"] not in STATS:
-            raise ConfigError(f"{where}'s stat is one of {', '.join(STATS)}, not {entry['stat']!r}.")
+        metric, stat = entry["metric"], entry["stat"]
+        if metric not in quantities():
+            raise ConfigError(f"{where}'s metric is one of {', '.join(quantities())}, not {metric!r}.")
+        if stat not in STATS:
+            raise ConfigError(f"{where}'s stat is one of {', '.join(STATS)}, not {stat!r}.")
+        if metric == TIME and stat != "mean":
+            raise ConfigError(f"{where}'s {TIME} is a mean over the run: its stat is mean, not {stat!r}.")
+        if stat == "best" and not is_accuracy(metric):
+            raise ConfigError(f"{where}'s stat best is an accuracy's highest value; {metric} takes final, last_k or mean.")
         if not str(entry["where"]).strip():
             raise ConfigError(f"{where} must say where the paper makes it (a table, figure or section).")
         paper = within = None
@@ -154,7 +198,7 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
                 _number(entry["within"], f"{where}'s within"),
             )
             if within < 0:
-                raise ConfigError(f"{where}'s within is a tolerance in points, at least 0, not {within}.")
+                raise ConfigError(f"{where}'s within is a tolerance, at least 0, not {within}.")
         side = str(entry.get("side", "within"))
         if side not in SIDES:
             raise ConfigError(f"{where}'s side is within or at_least, not {side!r}.")
@@ -198,26 +242,60 @@ def _number(value: Any, what: str) -> float:
     return float(value)
 
 
-def trial_values(
-    rows: Sequence[dict[str, Any]], last_k: int
-) -> dict[tuple[str, int], dict[str, dict[str, float]]]:
-    """Each trial's statistics: (configuration, seed) -> stat -> metric -> value in %, from the
-    suite's ``metrics.parquet`` rows (a metric a trial never reported is absent)."""
-    from raysim.results.metrics import METRICS, MetricHistory
+def _present(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and not math.isnan(float(value))
+    )
 
+
+def trial_values(
+    rows: Sequence[dict[str, Any]], last_k: int, times: Mapping[tuple[str, int], float] | None = None
+) -> dict[tuple[str, int], dict[str, dict[str, float]]]:
+    """Each trial's statistics: (configuration, seed) -> stat -> quantity -> value (accuracies in
+    %), from the suite's ``metrics.parquet`` rows, and ``train_s_per_round``'s mean from ``times``
+    (:func:`trial_times`). A quantity a trial never reported is absent."""
+    read = [q for q in quantities() if q != TIME]
     by_trial: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
         by_trial.setdefault((str(r["config"]), int(r["seed"])), []).append(r)
     out: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
     for key, trial in by_trial.items():
-        history = MetricHistory(sorted(trial, key=lambda r: r["round"]))
-        stats = {"final": history.final(), "last_k": history.last(last_k), "best": history.best()}
-        out[key] = {
-            s: {
-                m: 100.0 * float(v) for m in METRICS if (v := values.get(m)) is not None and not math.isnan(v)
-            }
-            for s, values in stats.items()
-        }
+        trial = sorted(trial, key=lambda r: r["round"])
+        stats: dict[str, dict[str, float]] = {s: {} for s in STATS}
+        for q in read:
+            scale = 100.0 if is_accuracy(q) else 1.0
+            values = [float(r[q]) for r in trial if _present(r.get(q))]
+            if not values:
+                continue
+            last = trial[-1].get(q)
+            if last is not None and _present(last):
+                stats["final"][q] = scale * float(last)
+            stats["last_k"][q] = scale * float(np.mean(values[-last_k:]))
+            stats["mean"][q] = scale * float(np.mean(values))
+            if is_accuracy(q):
+                stats["best"][q] = scale * max(values)
+        out[key] = stats
+    for key, seconds in (times or {}).items():
+        out.setdefault(key, {s: {} for s in STATS})["mean"][TIME] = seconds
+    return out
+
+
+def trial_times(suite_dir: str | os.PathLike[str]) -> dict[tuple[str, int], float]:
+    """Each finished trial's training time per round (s): (configuration, seed) -> its run's
+    ``summary.json`` ``train_time_s`` over ``rounds``."""
+    import json
+
+    out: dict[tuple[str, int], float] = {}
+    for s in sorted(Path(suite_dir, "runs").glob("*/summary.json")):
+        trial_file = s.with_name("trial.json")
+        if not trial_file.is_file():
+            continue
+        run, trial = json.loads(s.read_text()), json.loads(trial_file.read_text())
+        rounds = int(run.get("rounds") or 0)
+        if rounds > 0 and run.get("train_time_s") is not None:
+            out[(str(trial["config"]), int(trial["seed"]))] = float(run["train_time_s"]) / rounds
     return out
 
 
@@ -359,9 +437,9 @@ def _pm(values: Sequence[float]) -> str:
 
 def claims_table(verdicts: Sequence[Verdict]) -> str:
     """The page's table of claims: each with where the paper makes it, the values it read (each
-    row's per-seed values and mean ± std, %), its per-seed margins and its verdict."""
+    row's per-seed values and mean ± std, in the claim's unit), its per-seed margins and its verdict."""
     lines = [
-        "| claim | where | values (%, per seed; mean ± std) | margin per seed (points) | verdict |",
+        "| claim | where | values (per seed; mean ± std) | margin per seed | verdict |",
         "|---|---|---|---|---|",
     ]
     for v in verdicts:
@@ -383,17 +461,22 @@ __all__ = [
     "HOLDS_EVERY",
     "SIDES",
     "STATS",
+    "TIME",
     "VERDICT_PHRASES",
     "Claim",
     "Verdict",
     "claim_dict",
     "claims_table",
+    "is_accuracy",
     "judge",
     "margin",
     "parse_claims",
+    "quantities",
     "setting_differences",
     "shown",
     "verdict_phrases",
+    "trial_times",
     "trial_values",
+    "unit",
     "verdict_of",
 ]

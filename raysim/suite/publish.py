@@ -123,6 +123,7 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
         parse_claims,
         setting_differences,
         shown,
+        trial_times,
         trial_values,
     )
     from raysim.suite.results import yaml_safe_load
@@ -153,7 +154,7 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
             "",
         ]
     if claims:
-        trials = trial_values(rows, int(spec.get("base", {}).get("eval.last_k", 5)))
+        trials = trial_values(rows, int(spec.get("base", {}).get("eval.last_k", 5)), trial_times(src))
         seeds = sorted({int(x) for c in summary["configs"] for x in c["seeds"]})
         verdicts = [judge(c, trials, seeds) for c in claims]
         out += [
@@ -163,7 +164,7 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
             "(raysim/suite/claims.py): \"holds on every seed\", \"holds on k of n\", \"does not hold\" "
             "(every seed misses, by more than the seeds' spread) or \"cannot be told\" (every seed "
             "misses, within the spread, or a number is missing). The margin is how far each seed's "
-            "values clear the claim, in points (negative: short of it).",
+            "values clear the claim, in the claim's unit (points for an accuracy; negative: short of it).",
             "",
             claims_table(verdicts),
         ]

@@ -88,12 +88,21 @@ def test_a_missing_number_cannot_be_told_and_says_which():
     [
         ({"row": "z", "paper": 80, "within": 1}, "names 'z', which is no configuration of the suite"),
         (
-            {"row": "a", "paper": 80, "within": 1, "stat": "mean"},
-            "stat is one of final, last_k, best, not 'mean'",
+            {"row": "a", "paper": 80, "within": 1, "stat": "median"},
+            "stat is one of final, last_k, best, mean, not 'median'",
         ),
         ({"row": "a", "paper": 80, "within": 1, "metric": "accuracy"}, "metric is one of"),
+        ({"row": "a", "paper": 80, "within": 1, "metric": "gm_class_acc"}, "metric is one of"),
+        (
+            {"better": "a", "than": "b", "metric": "train_s_per_round"},
+            "train_s_per_round is a mean over the run: its stat is mean, not 'final'",
+        ),
+        (
+            {"better": "a", "than": "b", "metric": "local_obs_fdist", "stat": "best"},
+            "stat best is an accuracy's highest value; local_obs_fdist takes final, last_k or mean",
+        ),
         ({"row": "a", "paper": "80%", "within": 1}, "paper is a number, not '80%'"),
-        ({"row": "a", "paper": 80, "within": -1}, "within is a tolerance in points, at least 0"),
+        ({"row": "a", "paper": 80, "within": -1}, "within is a tolerance, at least 0"),
         ({"row": "a", "paper": 80, "within": 1, "side": "above"}, "side is within or at_least, not 'above'"),
         ({"row": "a", "paper": 80}, "needs 'within'"),
         ({"better": "a"}, "needs 'than'"),
@@ -217,3 +226,47 @@ def test_the_page_gives_each_configurations_time_per_round_from_its_trials(tmp_p
     want = sum(r["train_time_s"] / r["rounds"] for r in runs) / 2
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:2] == [name, "2"] and float(cells[2]) == pytest.approx(want, abs=0.006)
+
+
+def test_a_claim_reads_the_analyses_as_recorded_and_accuracies_in_percent():
+    from raysim.suite.claims import trial_values
+
+    rows = [
+        {"config": "a", "seed": 0, "round": r, "gm_gtest": acc, "local_obs_fdist": d, "local_obs_acc": 0.5}
+        for r, acc, d in ((5, 0.60, 4.0), (10, 0.70, 2.0), (15, 0.65, None))
+    ]
+    got = trial_values(rows, last_k=2, times={("a", 0): 1.25})[("a", 0)]
+    assert got["final"]["gm_gtest"] == pytest.approx(65.0) and got["best"]["gm_gtest"] == pytest.approx(70.0)
+    assert got["last_k"]["gm_gtest"] == pytest.approx(67.5) and got["mean"]["gm_gtest"] == pytest.approx(65.0)
+    # a distance as recorded, its mean over the rounds that have it; no final where the last round lacks it
+    assert got["mean"]["local_obs_fdist"] == pytest.approx(3.0) and "local_obs_fdist" not in got["final"]
+    assert "local_obs_fdist" not in got["best"] and got["mean"]["local_obs_acc"] == pytest.approx(50.0)
+    assert got["mean"]["train_s_per_round"] == 1.25
+
+
+def test_the_page_judges_a_claim_on_the_time_per_round(tmp_path: Path):
+    """A time claim reads each trial's own training time per round (its summary.json), the same
+    figure as the page's time table, and the page gives its unit."""
+    import json
+
+    from raysim.suite.claims import trial_times
+
+    text = (
+        SUITE
+        + """
+claims:
+  - {better: fedrep_partition=dirichlet_0.1, than: fedavg_partition=dirichlet_0.1, metric: train_s_per_round, stat: mean, where: Table 9}
+"""
+    )
+    suite_dir = make_suite_dir(tmp_path, text)
+    times = trial_times(suite_dir)
+    assert len(times) == 8
+    run = json.loads((suite_dir / "runs" / "fedavg_partition=dirichlet_0.1-seed1" / "summary.json").read_text())
+    assert times[("fedavg_partition=dirichlet_0.1", 1)] == pytest.approx(run["train_time_s"] / run["rounds"])
+    out = tmp_path / "page"
+    assert console_main(["report", "--publish", str(suite_dir), str(out)]) == 0
+    claims = (out / "README.md").read_text().split("## Claims")[1]
+    row = next(line for line in claims.splitlines() if "train_s_per_round" in line)
+    assert "train_s_per_round (mean, s)" in row
+    margins = [(times[("fedrep_partition=dirichlet_0.1", s)] - times[("fedavg_partition=dirichlet_0.1", s)]) for s in (0, 1)]
+    assert row.split(" | ")[3] == ", ".join(f"{m:+.2f}" for m in margins)
