@@ -15,7 +15,7 @@ figure or section) and reads one quantity of each trial (``metric``) through one
 The statistics (``STATS``): ``final``, the value after the last round; ``last_k``, the mean of the
 last k evaluations; ``best``, the highest evaluated value (an accuracy's only: the figure papers
 that report their best accuracy give); ``mean``, the mean over the evaluated rounds (the only one
-of ``train_s_per_round``, a mean over the run). Four forms:
+of ``train_s_per_round``, a mean over the run). Five forms:
 
 - **figure**: ``{row: fedrod, paper: 92.7, within: 1.0}``: the row's value is within ``within``
   (in the quantity's unit: points for an accuracy) of the paper's figure; with ``side: at_least``,
@@ -26,11 +26,14 @@ of ``train_s_per_round``, a mean over the run). Four forms:
 - **order**: ``{order: [fed3p2, fedrod, feddyn]}``: the rows' values fall in that order, each
   above the next;
 - **trend**: ``{trend: [rowA, rowB, rowC], direction: falls}`` (or ``rises``): along the rows (a
-  grid's values in order) the value falls (or rises) at every step.
+  grid's values in order) the value falls (or rises) at every step;
+- **similar**: ``{similar: [rowA, rowB, rowC], within: 1.0}``: the rows' values lie within
+  ``within`` of each other (a paper's "minimal impact", "similar"): the largest less the smallest
+  is at most ``within``.
 
 Each claim becomes a margin per seed, positive where it holds: ``within - |x - paper|`` for a
 figure (``x - paper + within`` at least), ``a - b`` for better, the smallest step for an order or a
-trend (in the quantity's unit). Rows are
+trend, ``within - (max - min)`` for similar (in the quantity's unit). Rows are
 paired by seed (a seed's rows share its data split and initial model). The verdict over n seeds,
 of which k hold:
 
@@ -118,6 +121,8 @@ class Claim:
             return f"`{self.rows[0]}` above `{self.rows[1]}` on {m}"
         if self.kind == "order":
             return " > ".join(f"`{r}`" for r in self.rows) + f" on {m}"
+        if self.kind == "similar":
+            return ", ".join(f"`{r}`" for r in self.rows) + f" within {self.within:g} of each other on {m}"
         return f"{m} {self.direction} along " + ", ".join(f"`{r}`" for r in self.rows)
 
 
@@ -168,11 +173,14 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
         elif "trend" in entry:
             _fields(entry, where, ("trend", "direction", *common), ())
             kind, rows = "trend", tuple(entry["trend"]) if isinstance(entry["trend"], list) else ()
+        elif "similar" in entry:
+            _fields(entry, where, ("similar", "within", *common), ())
+            kind, rows = "similar", tuple(entry["similar"]) if isinstance(entry["similar"], list) else ()
         else:
             raise ConfigError(
-                f"{where} is none of the claim forms: give row (with paper and within), better (with than), order or trend."
+                f"{where} is none of the claim forms: give row (with paper and within), better (with than), order, trend (with direction) or similar (with within)."
             )
-        if kind in ("order", "trend") and len(rows) < 2:
+        if kind in ("order", "trend", "similar") and len(rows) < 2:
             raise ConfigError(f"{where}'s {kind} is a list of at least two configurations.")
         rows = tuple(str(r) for r in rows)
         for r in rows:
@@ -193,10 +201,9 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
             raise ConfigError(f"{where} must say where the paper makes it (a table, figure or section).")
         paper = within = None
         if kind == "figure":
-            paper, within = (
-                _number(entry["paper"], f"{where}'s paper"),
-                _number(entry["within"], f"{where}'s within"),
-            )
+            paper = _number(entry["paper"], f"{where}'s paper")
+        if kind in ("figure", "similar"):
+            within = _number(entry["within"], f"{where}'s within")
             if within < 0:
                 raise ConfigError(f"{where}'s within is a tolerance, at least 0, not {within}.")
         side = str(entry.get("side", "within"))
@@ -233,6 +240,8 @@ def claim_dict(claim: Claim) -> dict[str, Any]:
         return {"better": claim.rows[0], "than": claim.rows[1], **common}
     if claim.kind == "order":
         return {"order": list(claim.rows), **common}
+    if claim.kind == "similar":
+        return {"similar": list(claim.rows), "within": claim.within, **common}
     return {"trend": list(claim.rows), "direction": claim.direction, **common}
 
 
@@ -306,6 +315,9 @@ def margin(claim: Claim, values: Sequence[float]) -> float:
         if claim.side == "at_least":
             return values[0] - claim.paper + claim.within
         return claim.within - abs(values[0] - claim.paper)
+    if claim.kind == "similar":
+        assert claim.within is not None
+        return claim.within - (max(values) - min(values))
     steps = [a - b for a, b in zip(values, values[1:], strict=False)]
     if claim.kind == "trend" and claim.direction == "rises":
         steps = [-s for s in steps]

@@ -153,6 +153,14 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
             *(lines or ["- none: every stated setting ran as the paper's"]),
             "",
         ]
+    if "claims" in spec and not claims:
+        out += [
+            "## Claims",
+            "",
+            "The suite file declares no claim of the paper's that this page's numbers can judge (its "
+            "comments say why); the page gives the numbers and curves only.",
+            "",
+        ]
     if claims:
         trials = trial_values(rows, int(spec.get("base", {}).get("eval.last_k", 5)), trial_times(src))
         seeds = sorted({int(x) for c in summary["configs"] for x in c["seeds"]})

@@ -77,6 +77,13 @@ def test_an_order_holds_where_every_step_does_and_a_trend_where_every_step_goes_
     assert judge(falls, values, [0]).margins == [3.0] == judge(rises, values, [0]).margins
 
 
+def test_similar_rows_lie_within_the_tolerance_of_each_other_seed_by_seed():
+    claim = one({"similar": ["a", "b", "c"], "within": 1.0})
+    v = judge(claim, trials({"a": [90.0, 90.0], "b": [90.4, 91.5], "c": [89.8, 90.2]}), [0, 1])
+    assert v.margins == [pytest.approx(0.4), pytest.approx(-0.5)] and v.verdict == "holds on 1 of 2"
+    assert "within 1 of each other on gm_gtest (final, %)" in claim.text()
+
+
 def test_a_missing_number_cannot_be_told_and_says_which():
     claim = one({"better": "a", "than": "b"})
     v = judge(claim, trials({"a": [90.0, 91.0], "b": [80.0]}), [0, 1])
@@ -109,6 +116,9 @@ def test_a_missing_number_cannot_be_told_and_says_which():
         ({"order": ["a"]}, "order is a list of at least two configurations"),
         ({"trend": ["a", "b"], "direction": "up"}, "direction is rises or falls, not 'up'"),
         ({"best": "a"}, "none of the claim forms"),
+        ({"similar": ["a", "b"]}, "needs 'within'"),
+        ({"similar": "a", "within": 1}, "similar is a list of at least two configurations"),
+        ({"similar": ["a", "b"], "within": -0.5}, "within is a tolerance, at least 0, not -0.5"),
         ({"row": "a", "paper": 80, "within": 1, "where": " "}, "must say where the paper makes it"),
         ({"better": "a", "than": "a"}, "names a configuration twice"),
     ],
@@ -125,6 +135,7 @@ def test_a_claim_reads_back_as_it_was_written():
         {"better": "a", "than": "b"},
         {"order": ["a", "b", "c"]},
         {"trend": ["a", "b"], "direction": "rises"},
+        {"similar": ["a", "b", "c"], "within": 0.5},
     ):
         claim = one(entry)
         assert parse_claims([claim_dict(claim)], ROWS) == (claim,)
