@@ -13,8 +13,8 @@ Why a tolerance, and its evidence. PyTorch picks its CPU kernels from the proces
 last bits of a trained model differ between an AVX2 and an AVX-512 kernel, and between Intel's and
 AMD's processors even with the same capability pinned. The file holds the numbers of an Intel
 Sapphire Rapids machine with AVX2 kernels pinned (``ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2``). All 48 cases were run against it on a 2-core AMD EPYC
-(Zen 4, AVX-512) under four kernel choices: that pinning; the processor's own choice (AVX-512,
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2``). The 48 cases of commit baa47f7 were run against it on a
+2-core AMD EPYC (Zen 4, AVX-512) under four kernel choices: that pinning; the processor's own choice (AVX-512,
 oneDNN on); ``ATEN_CPU_CAPABILITY=default`` with ``MKL_CBWR=COMPATIBLE`` and oneDNN off; and
 ``avx2`` with ``MKL_CBWR=AVX2`` and oneDNN off. No case was equal to the bit under any of them; no
 integer, count or accuracy moved; the largest float difference was 7.0e-6 of the value (``fedpac``'s
@@ -28,18 +28,17 @@ suite and checks that the comparison fails. What the tolerance cannot see is a c
 reorders a sum (a few ulps): that exactness is checked where it is an invariant, on one machine,
 by the serial-against-Ray and determinism tests (``tests/engine/test_determinism.py``).
 
-The file was recorded on commit 31f9591, before raysim's packages were restructured; a case of
-an algorithm added since was recorded when the algorithm landed. Cases recorded again since, each
-for a change that meant to move its numbers: ``fedprox``, when its proximal term's anchor became the
-received model (it had been whatever the worker's model held before the job); ``pfedme``, when its
-inner problem stopped solving on each epoch's last, partial batch; ``fedavg-analyses``,
-when the analyses gained FedDr+'s Fig. 4 columns (``local_*_fdist``, ``*_fangle``, ``*_fnormdiff``):
-only those columns were added, every recorded value stayed; ``gpfl``, when its mu regulariser was
-narrowed to GCE and CoV, as the authors' optimizers apply it. Every case was recorded again when
-models took the channels-last layout (``train.channels_last``); ``fedavg-nchw`` and ``fed3p2-nchw``
-keep ``fedavg``'s and ``fed3p2``'s numbers of before, so that NCHW stays as it was. ``python -m
-tests.golden NAME`` records one case; without a name it records every one, with whatever kernels
-the machine picks (any of them is within the tolerance of the others).
+The cases. ``CASES`` has one case per registered algorithm, its entry's settings over ``BASE``,
+and one for each variant whose code path differs (a reading of a paper, a loss, a regulariser,
+fine-tuning, the analyses, an asynchronous deployment). ``fedavg-nchw`` and ``fed3p2-nchw`` run
+``fedavg`` and ``fed3p2`` in the NCHW layout (``train.channels_last=false``), so that the layout
+all models had before commit 2c34127 keeps its numbers.
+
+Recording. ``python -m tests.golden NAME ...`` runs the named cases and writes their numbers into
+``tests/golden_metrics.json``, keeping every other case's; without a name it records every case.
+Any machine's kernels will do (any choice is within the tolerance of the others). A new algorithm
+or variant adds its case and records it; a change that means to move a case's numbers records that
+case again, and its commit says why; any other change leaves the file as it is.
 """
 
 from __future__ import annotations
@@ -64,8 +63,8 @@ BASE: dict[str, Any] = {
     "rounds": 3,
     "train.lr": 0.05,
     "data.synthetic.separation": 1.0,
-    # the schedule every case was recorded with (the default rate was then decayed by 0.99 a round;
-    # it is constant now)
+    # the schedule every case is recorded with: a rate decayed by 0.99 a round (the default is a
+    # constant rate)
     "train.lr_decay": 0.99,
 }
 

@@ -638,7 +638,8 @@ def in_trial_process(cfg: ExperimentConfig) -> bool:
     worker on CPUs with one job slot, which would train its jobs one after another just as the
     serial executor does, with the same numbers (docs/design.md). That saves the trial two actor
     starts (a worker importing PyTorch, and the server) and the object store's traffic; its
-    placement group is then one bundle with the worker's CPUs (issue 29: suites pack tighter)."""
+    placement group is then one bundle with the worker's CPUs, so suites pack tighter (commit
+    37eed2d)."""
     r = cfg.ray
     return r.executor == "ray" and r.workers == 1 and r.gpus_per_worker == 0 and cfg.worker_jobs == 1
 

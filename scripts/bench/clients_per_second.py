@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Client updates per second on one worker: one by one against batched (``train.batch_clients``).
 
-Workload (issue 16): FedAvg's local update, ``cnn3p2_fmnist`` at batch 40, one local epoch, on
+Workload: FedAvg's local update, ``cnn3p2_fmnist`` at batch 40, one local epoch, on
 Fashion-MNIST Dir(0.1) over 100 clients (``--partition``, ``--federation``: e.g. ``--partition iid
---federation 3000`` for the cross-device regime's one-step clients of 20 samples, issue 29;
-``--dataset synthetic`` for a machine without it:
-Gaussian images in Fashion-MNIST's shape and sizes). One client runtime (what a worker hosts) trains
+--federation 3000`` for the cross-device regime's one-step clients of 20 samples, as
+``cross_device.py``; ``--dataset synthetic`` for a machine without it: Gaussian images in
+Fashion-MNIST's shape and sizes). One client runtime (what a worker hosts) trains
 the same ``--clients`` clients from the same global model, ``--repeats`` times for each setting:
 one by one (``run_chain``, as ``batch_clients=1``) and in batches of K (``run_batch``) for each K of
 ``--batch``. On the CPU (``--device cpu``, threads ``--threads``) or a GPU (``--device cuda``: the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cross-device regime (issue 29): many clients of a few samples, hundreds a round.
+"""The cross-device regime: many clients of a few samples, hundreds a round.
 
 Workload: FedAvg on Fashion-MNIST split IID into 3,000 clients of 20 samples, E = 1, B = 40 (so a
 client is one SGD step), 3 rounds, at 200 and at 1,000 clients a round, with ``cnn3p2_fmnist`` and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """raysim's overhead against a plain single-process PyTorch loop doing the same training.
 
-Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 clients, 10 per round,
+Workload: FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 clients, 10 per round,
 1 local epoch, batch 40, 5 rounds. These programs, each in its own process, ``--repeats`` times:
 
 - ``plain``: one PyTorch process, every core as intra-op threads, the same clients, batches, model
@@ -9,7 +9,8 @@ Workload (issue 2): FedAvg on Fashion-MNIST, Dir(0.1), ``cnn3p2_fmnist``, 100 cl
   allocator setting (channels-last, freed buffers kept: :mod:`plain`), so that the ratios measure
   raysim's overhead over the same arithmetic;
 - ``plain_pytorch_defaults``: the same loop as one writes it, NCHW and glibc's allocator defaults
-  (raysim's before issue 29), for ``ratio_1w_vs_pytorch_defaults`` and ``ratio_2w_vs_pytorch_defaults``;
+  (raysim's before commits 2c34127 and 055a7d4), for ``ratio_1w_vs_pytorch_defaults`` and
+  ``ratio_2w_vs_pytorch_defaults``;
 - ``floor``: as many one-thread ``plain`` loops at once as there are cores, each the whole
   workload; their mean rounds time over their count is the time of the workload's steps split
   evenly over one-thread jobs, one per core, with nothing else to do: the floor of raysim's rounds
@@ -124,7 +125,7 @@ PRELOAD_ENV = {"RAY_preload_python_modules": "torch"}
 
 
 #: how long an idle head is left between runs (``attached_idle_*``): enough for the worker processes
-#: that a run leaves started to finish starting (issue 29's note)
+#: that a run leaves started to finish starting
 IDLE_S = 5.0
 
 

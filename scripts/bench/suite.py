@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A suite against the same runs one by one (issue 13): 8 short Fashion-MNIST runs, FedAvg and
+"""A suite against the same runs one by one: 8 short Fashion-MNIST runs, FedAvg and
 Fed3+2p x 4 seeds (100 clients, Dir(0.1), participation 0.2, 3 rounds of 1 epoch), as
 
 - ``separate``: 8 ``scripts/run.py`` calls one after another, each starting its own local Ray with

@@ -1,4 +1,4 @@
-"""The clustered baselines (CFL, PACFL, FedClust) and GPFL (issue 14): each one's defining property
+"""The clustered baselines (CFL, PACFL, FedClust) and GPFL: each one's defining property
 on the numbers; the clustering they share."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fed3+2p (seed 002): chains inside Type-A coordinators, Eq. 4, frozen parts and shared filters in
+"""Fed3+2p: chains inside Type-A coordinators, Eq. 4, frozen parts and shared filters in
 phase 2, personal P-heads that never leave their client, the ablations."""
 
 from __future__ import annotations

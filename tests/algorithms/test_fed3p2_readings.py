@@ -1,4 +1,4 @@
-"""Fed3+2p's readings of what the paper leaves open (issue 12): who trains in a coordinator's chain
+"""Fed3+2p's readings of what the paper leaves open: who trains in a coordinator's chain
 (``chain_sampling``), a client's update inside a chain (epochs or steps; momentum restarted or
 carried), the phase lengths, and what a run records to compare them (the chains' KL, compute)."""
 

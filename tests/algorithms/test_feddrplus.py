@@ -1,4 +1,4 @@
-"""FedDr+ (seed 004): the simplex ETF, the frozen classifier, the two losses, FT after the rounds."""
+"""FedDr+: the simplex ETF, the frozen classifier, the two losses, FT after the rounds."""
 
 from __future__ import annotations
 

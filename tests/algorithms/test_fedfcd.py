@@ -1,4 +1,4 @@
-"""FedFCD (seeds 003/000): what leaves a client, the alternating theta/phi updates, the global head
+"""FedFCD: what leaves a client, the alternating theta/phi updates, the global head
 trained only on the server, the GFR (Eq. 5), the ablation switches and the round-0 upload."""
 
 from __future__ import annotations

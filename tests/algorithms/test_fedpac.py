@@ -1,4 +1,4 @@
-"""FedPAC (seed 001): the classifier-collaboration weights, the statistics, what is shared."""
+"""FedPAC: the classifier-collaboration weights, the statistics, what is shared."""
 
 from __future__ import annotations
 

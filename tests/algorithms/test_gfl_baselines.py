@@ -1,4 +1,4 @@
-"""FedNTD and FedExP (issue 15, FedDr+'s global-model baselines): each one's defining property on the
+"""FedNTD and FedExP (FedDr+'s global-model baselines): each one's defining property on the
 numbers."""
 
 from __future__ import annotations

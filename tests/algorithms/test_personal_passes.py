@@ -1,4 +1,4 @@
-"""The shared-and-personal family describes its local update once, as passes (issue 26): one-by-one
+"""The shared-and-personal family describes its local update once, as passes: one-by-one
 training and batched training (``train.batch_clients``) both read that description, so a changed
 pass shows up in both."""
 

@@ -1,4 +1,4 @@
-"""FedDyn, Per-FedAvg, pFedMe and FedAMP (issue 14): each one's defining property on the numbers."""
+"""FedDyn, Per-FedAvg, pFedMe and FedAMP: each one's defining property on the numbers."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def test_serial_equals_ray(tmp_path, ray_local, algo):
 
 
 def test_pfedme_personal_model_never_solves_on_a_partial_batch(tmp_path, monkeypatch):
-    """Issue 30: a client whose size leaves a remainder of 1 solves every inner problem on a full
+    """A client whose size leaves a remainder of 1 solves every inner problem on a full
     batch, so its kept theta_i never fitted a 1-sample batch (whatever train.drop_last says); a
     client smaller than a batch solves on all of its samples."""
     import algorithms.pfedme as pfedme

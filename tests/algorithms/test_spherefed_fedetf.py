@@ -1,4 +1,4 @@
-"""SphereFed and FedETF (issue 15), FedDr+'s feature-normalised baselines: what is fixed, what trains,
+"""SphereFed and FedETF, FedDr+'s feature-normalised baselines: what is fixed, what trains,
 what is averaged and the closed-form calibration, checked on the numbers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The natural partition and test mode (issue 17): clients are the data's own (FEMNIST's writers)."""
+"""The natural partition and test mode: clients are the data's own (FEMNIST's writers)."""
 
 from __future__ import annotations
 

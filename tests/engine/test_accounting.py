@@ -1,4 +1,4 @@
-"""What a run records beside its accuracies (issue 12): the last-k mean of each metric, for curves
+"""What a run records beside its accuracies: the last-k mean of each metric, for curves
 that swing, and its compute (samples trained and client-epochs), to compare runs at equal compute."""
 
 from __future__ import annotations

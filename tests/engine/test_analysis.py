@@ -1,4 +1,4 @@
-"""FedDr+'s analyses (issue 15, ``eval.analyses``): per-class accuracy, accuracy, alignment and feature
+"""FedDr+'s analyses (``eval.analyses``): per-class accuracy, accuracy, alignment and feature
 norm on each client's observed and unobserved classes, for the global and the local models."""
 
 from __future__ import annotations

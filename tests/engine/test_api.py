@@ -1,4 +1,4 @@
-"""The Python API (issue 17): ``raysim.run`` is the command line's run; user code registered here (an
+"""The Python API: ``raysim.run`` is the command line's run; user code registered here (an
 algorithm and a dataset of this module) runs on the serial and the Ray executors, the Ray workers
 importing this module by themselves; the example script runs; every run draws its partition."""
 

@@ -1,4 +1,4 @@
-"""Many clients in one step (issue 16, ``train.batch_clients``): clients trained together agree with
+"""Many clients in one step (``train.batch_clients``): clients trained together agree with
 one-by-one training within the stated tolerance, the batches are the plan's alone, and serial and
 Ray give the same numbers in batched mode."""
 
@@ -252,7 +252,7 @@ def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
 
 
 def test_clients_per_second_benchmark_runs():
-    """scripts/bench/clients_per_second.py (issue 16) on its synthetic stand-in for Fashion-MNIST:
+    """scripts/bench/clients_per_second.py on its synthetic stand-in for Fashion-MNIST:
     both settings run the same clients and report their rates (no speed is asserted)."""
     import json
     import subprocess

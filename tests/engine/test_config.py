@@ -126,7 +126,7 @@ def test_a_dataset_brings_a_model_that_fits_and_fedpac_takes_1000_emnist_samples
     ],
 )
 def test_declared_ranges_and_words_are_enforced_by_one_checker(key, value, sentence):
-    """Issue 26: a setting's allowed values are declared where it is defined (``setting(...,
+    """A setting's allowed values are declared where it is defined (``setting(...,
     at_least=1)``, ``Literal[...]``) and checked as the config is built, in one sentence."""
     algo = {"algo": "perfedavg"} if key.startswith("algo.") else {}
     with pytest.raises(ConfigError) as info:

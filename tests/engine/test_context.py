@@ -1,4 +1,4 @@
-"""The client-side helpers on ClientContext (issue 11): what a client keeps, fresh parts, and the
+"""The client-side helpers on ClientContext: what a client keeps, fresh parts, and the
 named random streams that number a client's passes over its data."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every entry point refuses bad input before any work (issue 25): ``raysim run|sweep|report|
+"""Every entry point refuses bad input before any work: ``raysim run|sweep|report|
 partition``, ``scripts/*.py`` and the Python API, for the suites' search settings, plugins that do not
 import, and datasets that are not there. Each case runs the real command in a fresh interpreter and
 asserts exit status 2 (the API: a ConfigError), one sentence on stderr, no traceback, no Ray started

@@ -1,4 +1,4 @@
-"""The Ray executor owns Ray's lifecycle (issue 11): it starts local Ray when none is running and
+"""The Ray executor owns Ray's lifecycle: it starts local Ray when none is running and
 stops it at the end; inside a Ray session someone else started (a suite's trial, a notebook) it
 neither starts nor stops Ray, and gives back what it took. The runner never imports Ray."""
 
@@ -38,9 +38,9 @@ def test_runs_inside_a_ray_session_started_elsewhere_and_leaves_it_running(tmp_p
 
 @pytest.mark.ray
 def test_a_runs_partition_picture_is_drawn_once_its_workers_actors_exist(tmp_path, ray_local, monkeypatch):
-    """Issue 29: the picture's CPU beside ``ray.init`` slowed Ray's start and so the workers'; it is
-    drawn once the executor asks for the data, after Ray is up and the workers' actors are created,
-    in a thread of its own that the run waits for before it ends."""
+    """The partition picture is drawn once the executor asks for the data, after Ray is up and the
+    workers' actors are created, in a thread of its own that the run waits for before it ends:
+    drawn beside ``ray.init``, its CPU would slow Ray's start and so the workers'."""
     import threading
 
     from raysim.engine import runner
@@ -227,7 +227,7 @@ def test_the_runner_does_not_import_ray():
 
 @pytest.mark.ray
 def test_a_local_run_prints_only_raysims_lines_and_stays_on_loopback(tmp_path):
-    """Issue 25: no warning the user cannot act on (Ray's token authentication stays on, its notice
+    """No warning the user cannot act on (Ray's token authentication stays on, its notice
     goes), and local Ray on 127.0.0.1 even where nothing set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
     before Ray was imported."""
     import re

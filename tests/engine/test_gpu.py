@@ -1,4 +1,4 @@
-"""The GPU path (issue 3's device check): client workers share one GPU through fractional
+"""The GPU path: client workers share one GPU through fractional
 ``num_gpus`` and train on CUDA, with the same numbers as the serial executor on the same GPU.
 Skipped where PyTorch sees no GPU; run on a GPU machine with ``pytest -m gpu``."""
 

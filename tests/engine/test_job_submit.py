@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "cluster" / "local_cluster.sh"
 RAY = Path(sys.executable).parent / "ray"
 
-#: the issue's command (``--algo fed3p2 --clients 100``) on small synthetic data: one round per phase
+#: the command docs/design.md opens with (``--algo fed3p2 --clients 100``) on small synthetic data: one round per phase
 RUN_ARGS = [
     "--algo", "fed3p2", "--clients", "100", "--dataset", "synthetic", "--rounds", "2", "--local-epochs", "1",
     "--threads", "1", "--no-progress", "--set", "data.synthetic.shape=1,16,16",
@@ -199,7 +199,7 @@ def _idle_workers(state: Path) -> dict[int, tuple[int, bool]]:
 @pytest.mark.ray
 @needs_ray_cli
 def test_a_run_on_a_cluster_leaves_the_next_one_its_workers_started(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    """Issue 29: a run joined to a cluster has each node that hosted its actors start as many idle
+    """A run joined to a cluster has each node that hosted its actors start as many idle
     worker processes (at most one per CPU), and the next run's actors start in them; with
     ``ray.prestart_s=0`` a run leaves none."""
     import importlib.metadata

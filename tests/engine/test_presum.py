@@ -1,4 +1,4 @@
-"""Uploads summed on the workers (issue 29, raysim.capabilities.presum): a round's sum in blocks
+"""Uploads summed on the workers (raysim.capabilities.presum): a round's sum in blocks
 that depend on the plan alone, the same bit for bit wherever each block is summed."""
 
 from __future__ import annotations

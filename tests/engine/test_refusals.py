@@ -1,5 +1,5 @@
 """Every bad input that does not need the data is refused by the driver before Ray starts or the
-data loads, in well under 2 s, with one sentence on stderr and exit status 2 (issue 11). Each case
+data loads, in well under 2 s, with one sentence on stderr and exit status 2. Each case
 runs the CLI in a fresh interpreter and reports whether Ray or PyTorch were even imported."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def assert_refused(args: list[str], needle: str, cwd: Path) -> None:
         # names the registries do not know, and a parameter out of range
         (["--executor", "dask"], "Unknown executor 'dask' (known: ray, serial)"),
         (["--test-mode", "split:2"], "must be in (0, 1), not 2"),
-        # a simulated deployment that cannot be (issue 28)
+        # a simulated deployment that cannot be
         (["--deployment", "nowhere.yaml"], "--deployment takes a YAML file or a registered deployment"),
         (["--set", "deployment.policy=deadline"], "The deadline policy needs devices that take time"),
     ],

@@ -1,4 +1,4 @@
-"""Suites on Ray Tune (issue 13): a table of configurations x seeds as one command, each trial one
+"""Suites on Ray Tune: a table of configurations x seeds as one command, each trial one
 raysim experiment in its own placement group, with the numbers of the same run through run.py."""
 
 from __future__ import annotations

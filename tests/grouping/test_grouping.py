@@ -1,4 +1,4 @@
-"""Fed3+2p's groupings (seed 002, Eq. 5 and Eq. 10): better than random, balanced, complete."""
+"""Fed3+2p's groupings (Eq. 5 and Eq. 10): better than random, balanced, complete."""
 
 from __future__ import annotations
 
