@@ -15,9 +15,13 @@ client side (run inside a client worker)
 Everything optional is a frozen capability object declared on the class under a name of its own
 choosing, each with its own module in :mod:`raysim.capabilities`: ``Batching``, ``FineTune``,
 ``Regularizable``, ``ExtraRounds``, ``RoundLog``, ``Validation``. The engine finds one by its type
-(``FineTune.of(algorithm)``); the hooks only a capability calls are documented in its module; an
-algorithm that does not use a feature says nothing about it, and this class declares none, so a
-new capability is a new module and the engine's call that asks it.
+(``FineTune.of(algorithm)``, the kind's null object where none is declared: ``declared`` False);
+the hooks only a capability calls are documented in its module; an algorithm that does not use a
+feature says nothing about it, and this class declares none, so a new capability is a new module
+and the engine's call that asks it.
+
+A Config's number settings declare their ranges with :func:`raysim.config.setting` (``lam``, set as
+``algo.lambda``: :func:`lambda_setting`); ``check`` keeps what relates several settings.
 
 The runner owns the only loop over rounds and clients; an algorithm never writes one. What travels
 (``Job``, ``ClientResult``, ``WeightsPayload``, ...) is in :mod:`raysim.wire`; what a client keeps is
@@ -35,7 +39,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from raysim.capabilities.finetune import FineTune
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, setting
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.setups import Source
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
@@ -45,6 +49,13 @@ if TYPE_CHECKING:
     from raysim.toolkit.context import ClientContext
 
 StateT = TypeVar("StateT")
+
+
+def lambda_setting(default: float, **bounds: float) -> Any:
+    """A Config's ``lam`` field with its range, as :func:`raysim.config.setting` declares any other:
+    ``lam: float = lambda_setting(1.0, at_least=0)``. The user sets it as ``algo.lambda`` (``lambda``
+    is a Python keyword), which a refusal names."""
+    return setting(default, hint="set as algo.lambda", **bounds)
 
 
 class Algorithm(Generic[StateT]):
@@ -101,8 +112,7 @@ class Algorithm(Generic[StateT]):
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool:
         """Whether the clients' personalised models are evaluated (``lm_ptest``): the algorithm's
         own, or its fine-tuned global model."""
-        finetune = FineTune.of(cls)
-        return cls.has_personal_model or (finetune is not None and finetune.on(cfg))
+        return cls.has_personal_model or FineTune.of(cls).on(cfg)
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
@@ -155,8 +165,7 @@ class Algorithm(Generic[StateT]):
     def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
         """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
         By default: the fine-tuned global model of an algorithm with ``finetune``, else none."""
-        finetune = FineTune.of(self)
-        return finetune.personal_model(self, ctx, eval_payload) if finetune is not None else None
+        return FineTune.of(self).personal_model(self, ctx, eval_payload)
 
     def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
         """The forward function (inputs to class scores) a personal model predicts with (default:

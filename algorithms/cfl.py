@@ -40,21 +40,17 @@ import numpy as np
 from algorithms.base import register
 from algorithms.clustered import ClusteredFL, ClusterState
 from algorithms.clustering import assignment, bipartition, cosine_similarity
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.weights import ModelWeights
 from raysim.wire import JobResult
 
 
 @dataclass(frozen=True)
 class CFLConfig:
-    eps1: float = 0.4  # split only when the cluster's mean update norm is below this
-    eps2: float = 1.6  # ... and some client's update norm is above this
-    min_cluster_size: int = 2  # split clusters of more clients than this
-    start_round: int = 20  # split from this round on
-
-    def __post_init__(self) -> None:
-        if self.eps1 < 0 or self.eps2 < 0 or self.min_cluster_size < 1 or self.start_round < 1:
-            raise ConfigError("CFL needs eps1, eps2 >= 0, min_cluster_size >= 1 and start_round >= 1.")
+    eps1: float = setting(0.4, at_least=0)  # split only when the cluster's mean update norm is below this
+    eps2: float = setting(1.6, at_least=0)  # ... and some client's update norm is above this
+    min_cluster_size: int = setting(2, at_least=1)  # split clusters of more clients than this
+    start_round: int = setting(20, at_least=1)  # split from this round on
 
 
 def flat(w: ModelWeights) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""FedPAC's classifier collaboration (seed 001, Eq. 4-5; details as the authors' released code
-``get_head_agg_weight`` does them): for client i, weights alpha_i over the sampled clients' heads from
+"""FedPAC's classifier collaboration (the FedPAC reproduction report, Eq. 4-5; details as the
+authors' released code ``get_head_agg_weight`` does them): for client i, weights alpha_i over
+the sampled clients' heads from
 
     min_alpha  alpha^T P alpha   s.t.  alpha >= 0,  sum(alpha) = 1,
     P[j, k] = sum_c (h_i[c] - h_j[c])^T (h_i[c] - h_k[c]) + delta_jk * V_j,

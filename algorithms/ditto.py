@@ -11,11 +11,10 @@ a baseline of Fed3+2p and FedDr+.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from algorithms.base import register
+from algorithms.base import lambda_setting, register
 from algorithms.fedavg import AveragedWeights
-from raysim.errors import ConfigError
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DittoConfig:
-    lam: float = 0.1  # lambda of the proximal pull (``algo.lambda``)
+    lam: float = lambda_setting(0.1, at_least=0)  # lambda of the proximal pull (``algo.lambda``)
     personal_epochs: int | None = None  # None: the local epochs E
 
 
@@ -38,11 +37,6 @@ class Ditto(AveragedWeights):
     has_global_model = True
     has_personal_model = True
     pinned = True  # v_k lives on k's home worker
-
-    @classmethod
-    def check(cls, cfg: Any, params: DittoConfig) -> None:
-        if params.lam < 0:
-            raise ConfigError(f"Ditto's lambda must be >= 0, not {params.lam}.")
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term

@@ -37,7 +37,7 @@ Phase 1 (rounds 1..T1) trains W = {W_e, W_i, W_g} with cross-entropy on the G-he
 - Server, Eq. 4: W(t+1) = W(t) - sum_c |D^c|/|D| * DeltaW^c with DeltaW^c = W(t) - W^c (Eq. 8);
   |D^c| is the training data of coordinator c's clients sampled this round. The paper defines
   D = U D^c, "all training samples", which reads two ways: ``server_denominator="round"`` (the
-  default, as ALGORITHMS.md states it) takes |D| as the sum of this round's |D^c|, so the weights sum
+  default, as docs/algorithms.md states it) takes |D| as the sum of this round's |D^c|, so the weights sum
   to 1 as in FedAvg; ``server_denominator="all"`` takes |D| as every client's training data, so
   the server moves W only by about the participation rate of the coordinators' average change.
 - The phase-1 W is the global model GM.
@@ -85,7 +85,7 @@ from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
 from raysim.setups import Source, Stated
@@ -105,21 +105,21 @@ FROZEN_PARTS = ("extractor", "head")  # phase 2 keeps these at their phase-1 val
 
 @dataclass(frozen=True)
 class Fed3p2Config:
-    num_type_a: int = 5  # Type-A coordinators (choice; the paper does not give the number)
-    num_type_b: int = 5  # Type-B groups M (choice; the paper's A.2 varies it)
-    phase1_rounds: int | None = None  # T1; None: the rounds less phase2_rounds, or half of them (choice)
-    phase2_rounds: int | None = None  # T2; None: the rounds less T1
+    num_type_a: int = setting(5, at_least=1)  # Type-A coordinators (choice; the paper does not give the number)
+    num_type_b: int = setting(5, at_least=1)  # Type-B groups M (choice; the paper's A.2 varies it)
+    phase1_rounds: int | None = setting(None, at_least=0)  # T1; None: the rounds less phase2_rounds, or half of them (choice)
+    phase2_rounds: int | None = setting(None, at_least=0)  # T2; None: the rounds less T1
     phase_switch: Literal["fixed", "auto"] = "fixed"  # fixed | auto (switch when the GM's validation accuracy stalls)
-    switch_patience: int = 10  # auto: rounds without an improvement of switch_delta
+    switch_patience: int = setting(10, at_least=1)  # auto: rounds without an improvement of switch_delta
     switch_delta: float = 0.001
-    switch_smoothing: float = 0.8  # auto: beta of the moving average of the validation accuracy
+    switch_smoothing: float = setting(0.8, at_least=0, below=1)  # auto: beta of the moving average of the validation accuracy
     filter_shared: bool = True  # Table 2 ablation: False = no Type-B groups, personal filters
     coordinators: bool = True  # Table 2 ablation: False = FedAvg phase 1, local phase 2
     two_phase: bool = True  # Table 2 ablation: False = one phase, no coordinators
     server_denominator: Literal["round", "all"] = "round"  # Eq. 4's |D|: round = this round's data, all = all clients' data
     chain_sampling: Literal["global", "coordinators", "all", "regroup"] = "global"  # who trains in a coordinator's chain: global | coordinators | all | regroup
-    chain_epochs: int | None = None  # a client's local epochs inside a chain; None: E
-    chain_steps: int | None = None  # or this many SGD steps instead (1: Eq. 9 read literally)
+    chain_epochs: int | None = setting(None, at_least=0)  # a client's local epochs inside a chain; None: E
+    chain_steps: int | None = setting(None, at_least=1)  # or this many SGD steps instead (1: Eq. 9 read literally)
     chain_momentum: Literal["restart", "carry"] = "restart"  # restart: fresh per client | carry: along the chain
 
 
@@ -268,8 +268,6 @@ class Fed3p2(Algorithm[Fed3p2State]):
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: Fed3p2Config) -> None:
-        if params.num_type_a < 1 or params.num_type_b < 1:
-            raise ConfigError("Fed3+2p needs at least one Type-A and one Type-B coordinator.")
         uses_type_a = params.coordinators and params.two_phase
         uses_type_b = uses_type_a and params.filter_shared
         if uses_type_a and params.num_type_a > cfg.clients:
@@ -284,13 +282,9 @@ class Fed3p2(Algorithm[Fed3p2State]):
             raise ConfigError(
                 "Fed3+2p's automatic phase switch needs validation parts: set data.val_fraction (e.g. 0.1)."
             )
-        if not 0 <= params.switch_smoothing < 1:
-            raise ConfigError(f"Fed3+2p's switch_smoothing must be in [0, 1), not {params.switch_smoothing}.")
-        if params.switch_patience < 1:
-            raise ConfigError(f"Fed3+2p's switch_patience must be at least 1, not {params.switch_patience}.")
         for name in ("phase1_rounds", "phase2_rounds"):
             value = getattr(params, name)
-            if value is not None and not 0 <= value <= cfg.rounds:
+            if value is not None and value > cfg.rounds:  # at least 0: declared with the setting
                 raise ConfigError(
                     f"Fed3+2p's {name} must be between 0 and the rounds ({cfg.rounds}), not {value}."
                 )
@@ -304,10 +298,6 @@ class Fed3p2(Algorithm[Fed3p2State]):
             raise ConfigError("Fed3+2p's automatic phase switch decides the phases; give no phase2_rounds.")
         if params.chain_steps is not None and params.chain_epochs is not None:
             raise ConfigError("Fed3+2p's chain update is chain_epochs or chain_steps, not both.")
-        if (params.chain_steps is not None and params.chain_steps < 1) or (
-            params.chain_epochs is not None and params.chain_epochs < 0
-        ):
-            raise ConfigError("Fed3+2p's chain_steps must be at least 1 and chain_epochs at least 0.")
 
     @staticmethod
     def phase(state: Fed3p2State, rnd: int) -> int:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, lambda_setting, register
 from raysim.capabilities.round_log import RoundLog
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -41,13 +41,9 @@ if TYPE_CHECKING:
 class FedAMPConfig:
     #: alpha_k, sigma and lambda: choices of the paper's order (it tunes them per dataset); sigma is
     #: on the scale of the squared distances between models, which grow with the model's size
-    alpha_k: float = 1e3
-    sigma: float = 1e5
-    lam: float = 1.0  # lambda (``algo.lambda``)
-
-    def __post_init__(self) -> None:
-        if self.alpha_k <= 0 or self.sigma <= 0 or self.lam < 0:
-            raise ConfigError("FedAMP's alpha_k and sigma must be positive and lambda at least 0.")
+    alpha_k: float = setting(1e3, above=0)
+    sigma: float = setting(1e5, above=0)
+    lam: float = lambda_setting(1.0, at_least=0)  # lambda (``algo.lambda``)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """FedBABU ("FedBABU: Toward Enhanced Representation for Federated Image Classification", Oh, Kim
-and Yun, ICLR 2022), a baseline of FedDr+ (seed 004): the head is randomly initialised (seeded, the
+and Yun, ICLR 2022), a baseline of FedDr+: the head is randomly initialised (seeded, the
 same everywhere) and frozen during federated training; only the body (``extractor``, ``filter``) is
 trained with cross-entropy and averaged by training-set size. FedBABU-FT: after the last round
 each client fine-tunes the whole global model (body and head) with cross-entropy on its own data

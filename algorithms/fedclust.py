@@ -36,7 +36,7 @@ import numpy as np
 from algorithms.base import register
 from algorithms.clustered import ClusterState, OneShotClustered
 from algorithms.clustering import Linkage
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.wire import ClientResult
 
 if TYPE_CHECKING:
@@ -45,14 +45,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedClustConfig:
-    warmup_epochs: int = 0  # local epochs before clustering (0: E)
-    threshold: float = 1.1  # merge clusters within this distance
-    num_clusters: int = 0  # >0: merge until this many clusters remain (threshold ignored)
+    warmup_epochs: int = setting(0, at_least=0)  # local epochs before clustering (0: E)
+    threshold: float = setting(1.1, at_least=0)  # merge clusters within this distance
+    #: >0: merge until this many clusters remain (threshold ignored)
+    num_clusters: int = setting(0, at_least=0)
     linkage: Linkage = "complete"
-
-    def __post_init__(self) -> None:
-        if self.warmup_epochs < 0 or self.threshold < 0 or self.num_clusters < 0:
-            raise ConfigError("FedClust needs warmup_epochs, threshold and num_clusters >= 0.")
 
 
 @dataclass(frozen=True)

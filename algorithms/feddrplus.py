@@ -1,5 +1,5 @@
 """FedDr+ ("FedDr+: Stabilizing Dot-regression with Global Feature Distillation for Federated
-Learning", seed 004) and its variant dot-regression (``dotreg``, beta = 1).
+Learning") and its variant dot-regression (``dotreg``, beta = 1).
 
 - Classifier frozen as a simplex ETF, identical on every client (Eq. 3):
   V = sqrt(C/(C-1)) U (I_C - (1/C) 1 1^T), U in R^{d x C} with orthonormal columns (seeded); the
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedDrPlusConfig:
-    beta: float = 0.9
+    beta: float = setting(0.9, at_least=0, at_most=1)
     ft_loss: Literal["dr", "drplus"] = "dr"  # dr | drplus (FedDr+ FT's loss; its epochs and rate: algo.ft_epochs, algo.ft_lr)
     #: beta of the L_Dr+ fine-tune (ft_loss=drplus); None: the run's beta
     ft_beta: float | None = setting(None, at_least=0, below=1)
@@ -73,8 +73,6 @@ class FedDrPlus(FrozenHead):
 
     @classmethod
     def check(cls, cfg: Any, params: FedDrPlusConfig) -> None:
-        if not 0.0 <= params.beta <= 1.0:
-            raise ConfigError(f"FedDr+'s beta must be in [0, 1], not {params.beta}.")
         check_etf_fits(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)
 
     # ---------------------------------------------------------------------------------------- server
@@ -106,7 +104,7 @@ class FedDrPlus(FrozenHead):
 
 @dataclass(frozen=True)
 class DotRegConfig(FedDrPlusConfig):
-    beta: float = 1.0  # dot-regression alone: no feature distillation
+    beta: float = setting(1.0, at_least=0, at_most=1)  # dot-regression alone: no feature distillation
     #: its L_Dr+ fine-tune (Table 8's "Dot-Regression FT (L_Dr+)") distils with FedDr+'s beta
     ft_beta: float | None = setting(0.9, at_least=0, below=1)
 

@@ -23,7 +23,7 @@ import numpy as np
 from algorithms.base import Algorithm, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -37,11 +37,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedDynConfig:
-    alpha: float = 0.01
-
-    def __post_init__(self) -> None:
-        if self.alpha <= 0:
-            raise ConfigError(f"FedDyn's alpha must be positive, not {self.alpha}.")
+    alpha: float = setting(0.01, above=0)
 
 
 @dataclass(frozen=True)

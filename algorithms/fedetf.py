@@ -1,5 +1,5 @@
 """FedETF ("No Fear of Classifier Biases: Neural Collapse Inspired Federated Learning with Synthetic
-and Fixed Classifier", Li, Shang, He, Lin and Wu, ICCV 2023), a baseline of FedDr+ (seed 004,
+and Fixed Classifier", Li, Shang, He, Lin and Wu, ICCV 2023), a baseline of FedDr+ (its
 Tables 1-3).
 
 Followed in the authors' code (``ZexiLee/ICCV-2023-FedETF``: ``models_dict/resnet.py``,
@@ -47,7 +47,7 @@ from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.registry import DatasetInfo
 from raysim.setups import Source
 from raysim.toolkit.aggregate import average_uploads
@@ -64,11 +64,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedETFConfig:
-    temperature: float = 1.0  # s's initial value
-    ft_alternations: int = 20
-    ft_alt_epochs: int = 3
-    ft_etf_lr: float = 0.1
-    ft_proj_lr: float = 0.05
+    temperature: float = setting(1.0, above=0)  # s's initial value
+    ft_alternations: int = setting(20, at_least=0)
+    ft_alt_epochs: int = setting(3, at_least=0)
+    ft_etf_lr: float = setting(0.1, above=0)
+    ft_proj_lr: float = setting(0.05, above=0)
 
 
 @dataclass(frozen=True)
@@ -146,15 +146,6 @@ class FedETF(Algorithm[ETFState]):
     @classmethod
     def setup_sources(cls, dataset: DatasetInfo) -> dict[str, Source]:
         return drplus_sources(dataset, rates="FedDr+'s Table 6 (CIFAR-10), Table 7 (CIFAR-100), FedETF's row")
-
-    @classmethod
-    def check(cls, cfg: Any, params: FedETFConfig) -> None:
-        if params.temperature <= 0:
-            raise ConfigError(f"FedETF's temperature must be > 0, not {params.temperature}.")
-        if params.ft_alternations < 0 or params.ft_alt_epochs < 0:
-            raise ConfigError("FedETF's ft_alternations and ft_alt_epochs must be >= 0.")
-        if params.ft_etf_lr <= 0 or params.ft_proj_lr <= 0:
-            raise ConfigError("FedETF's ft_etf_lr and ft_proj_lr must be > 0.")
 
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> ETFState:

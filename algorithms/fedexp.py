@@ -31,7 +31,7 @@ import numpy as np
 from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.capabilities.round_log import RoundLog
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import ModelWeights, map_parts
 from raysim.wire import JobResult, ServerContext
@@ -39,11 +39,7 @@ from raysim.wire import JobResult, ServerContext
 
 @dataclass(frozen=True)
 class FedExPConfig:
-    epsilon: float = 0.001
-
-    def __post_init__(self) -> None:
-        if self.epsilon < 0:
-            raise ConfigError(f"FedExP's epsilon must be at least 0, not {self.epsilon}.")
+    epsilon: float = setting(0.001, at_least=0)
 
 
 @dataclass(frozen=True)

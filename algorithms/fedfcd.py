@@ -1,5 +1,5 @@
 """FedFCD ("Hierarchical Optimization Method for Federated Learning with Feature Alignment and
-Decision Fusion", seeds 003 and 000): personal extractors and heads, a global head trained on the
+Decision Fusion", the FedFCD paper): personal extractors and heads, a global head trained on the
 server from class prototypes.
 
 Model parts (``SplitModel``): ``extractor`` (and ``filter``, if the model has one) = the personal
@@ -54,11 +54,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, lambda_setting, register
 from raysim import rng
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.extra_rounds import ExtraRounds
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.registry import DatasetInfo
 from raysim.setups import Choice, Source, Stated
 from raysim.toolkit.prototypes import ClassMeans, train_head_on_class_means, weighted_means
@@ -76,11 +76,12 @@ OWN_PARTS = (*BODY, "phead")  # theta_i and phi_i, kept on the client's home wor
 
 @dataclass(frozen=True)
 class FedFCDConfig:
-    lam: float = 1.0  # lambda, the weight of the feature-alignment term R_i (``algo.lambda``)
+    #: lambda, the weight of the feature-alignment term R_i (``algo.lambda``)
+    lam: float = lambda_setting(1.0, at_least=0)
     fusion: bool = True  # decision fusion: global + local logits (False: local head only)
     alternate: bool = True  # theta step then phi step in every epoch (False: both at once)
-    server_lr: float = 0.01  # eta_phi_g
-    server_epochs: int = 1  # passes over the round's uploaded pairs
+    server_lr: float = setting(0.01, above=0)  # eta_phi_g
+    server_epochs: int = setting(1, at_least=0)  # passes over the round's uploaded pairs
 
 
 @dataclass(frozen=True)
@@ -158,13 +159,6 @@ class FedFCD(Algorithm[FCDState]):
             "data.augment": Choice("not stated: PFLlib trains without augmentation"),
             "model": Stated("Sec. 4.1.2 and Fig. 4"),
         }
-
-    @classmethod
-    def check(cls, cfg: Any, params: FedFCDConfig) -> None:
-        if params.lam < 0:
-            raise ConfigError(f"FedFCD's lambda must be >= 0, not {params.lam}.")
-        if params.server_epochs < 0 or params.server_lr <= 0:
-            raise ConfigError("FedFCD's server_epochs must be >= 0 and server_lr > 0.")
 
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> FCDState:

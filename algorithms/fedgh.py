@@ -1,5 +1,5 @@
 """FedGH ("FedGH: Heterogeneous Federated Learning with Generalized Global Header", Yi et al., ACM MM
-2023), a baseline of the FedFCD paper (seed 003), as the reference implementation that paper's
+2023), a baseline of the FedFCD paper, as the reference implementation that paper's
 comparisons come from (PFLlib) runs it.
 
 - Each client keeps its body (``extractor``, ``filter``) on its home worker. Every round it replaces
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from algorithms.base import Algorithm, register
 from raysim import rng
 from raysim.capabilities.batching import Batching
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.prototypes import ClassMeans, train_head_on_class_means
 from raysim.weights import BODY, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -31,12 +31,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedGHConfig:
-    server_lr: float = 0.01
-    server_epochs: int = 1  # passes over the round's uploaded pairs
-
-    def __post_init__(self) -> None:
-        if self.server_epochs < 0 or self.server_lr <= 0:
-            raise ConfigError("FedGH's server_epochs must be >= 0 and server_lr > 0.")
+    server_lr: float = setting(0.01, above=0)
+    server_epochs: int = setting(1, at_least=0)  # passes over the round's uploaded pairs
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.wire import WeightsPayload
 
 if TYPE_CHECKING:
@@ -30,14 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedNTDConfig:
-    beta: float = 1.0
-    tau: float = 3.0
-
-    def __post_init__(self) -> None:
-        if self.beta < 0:
-            raise ConfigError(f"FedNTD's beta must be at least 0, not {self.beta}.")
-        if self.tau <= 0:
-            raise ConfigError(f"FedNTD's tau must be positive, not {self.tau}.")
+    beta: float = setting(1.0, at_least=0)
+    tau: float = setting(3.0, above=0)
 
 
 @register("fedntd")

@@ -1,5 +1,5 @@
 """FedPAC ("Personalized Federated Learning with Feature Alignment and Classifier Collaboration",
-Xu, Tong and Huang, ICLR 2023; seed 001 is a reproduction report, and details follow the authors'
+Xu, Tong and Huang, ICLR 2023; read through the FedPAC reproduction report, and details follow the authors'
 released code): a shared extractor aligned to global class centroids, and personal heads combined
 across clients by a quadratic program.
 
@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, lambda_setting, register
 from algorithms.collaboration import combination_weights
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.round_log import RoundLog
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.registry import DatasetInfo
 from raysim.setups import Choice, Source, Stated
 from raysim.toolkit.aggregate import weighted_mean
@@ -58,18 +58,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedPACConfig:
-    lam: float = 1.0  # lambda of the feature-alignment term (0: no FA) (``algo.lambda``)
+    #: lambda of the feature-alignment term (0: no FA) (``algo.lambda``)
+    lam: float = lambda_setting(1.0, at_least=0)
     combine: bool = True  # classifier collaboration (False: every client keeps its own head)
-    head_epochs: int = 1
-    head_lr: float = 0.1
-    head_prox_mu: float = 0.0  # the report's proximal term on head training (0: off)
+    head_epochs: int = setting(1, at_least=0)
+    head_lr: float = setting(0.1, above=0)
+    head_prox_mu: float = setting(0.0, at_least=0)  # the report's proximal term on head training (0: off)
     all_in_last_round: bool = True  # every client takes part in the last round (the report's Sec. 5.2)
-
-    def __post_init__(self) -> None:
-        if self.lam < 0 or self.head_prox_mu < 0:
-            raise ConfigError("FedPAC's lambda and head_prox_mu must be >= 0.")
-        if self.head_epochs < 0 or self.head_lr <= 0:
-            raise ConfigError("FedPAC's head_epochs must be >= 0 and head_lr > 0.")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 from algorithms.base import register
 from algorithms.fedavg import GlobalState
 from algorithms.personal import Pass, SharedAndPersonal
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.weights import BODY
 from raysim.wire import Job, WeightsPayload
 
@@ -76,18 +76,13 @@ class FedPer(SharedBody):
 
 @dataclass(frozen=True)
 class FedRepConfig(SharedBodyConfig):
-    head_epochs: int = 10
-    body_epochs: int = 1
+    head_epochs: int = setting(10, at_least=0)
+    body_epochs: int = setting(1, at_least=0)
 
 
 @register("fedrep")
 class FedRep(SharedBody):
     Config = FedRepConfig
-
-    @classmethod
-    def check(cls, cfg: Any, params: FedRepConfig) -> None:
-        if params.head_epochs < 0 or params.body_epochs < 0:
-            raise ConfigError("FedRep's head_epochs and body_epochs must be >= 0.")
 
     def passes(self) -> list[Pass]:
         """The head (the body frozen, the received one), then the body (the client's head frozen)."""

@@ -1,5 +1,5 @@
 """FedProto ("FedProto: Federated Prototype Learning across Heterogeneous Clients", Tan et al.,
-AAAI 2022), a baseline of the FedFCD paper (seed 003), as the reference implementation that paper's
+AAAI 2022), a baseline of the FedFCD paper, as the reference implementation that paper's
 comparisons come from (PFLlib) runs it: only class prototypes travel; every model stays personal.
 
 - Each client keeps its whole model (body and ``head``) on its home worker and trains it for E epochs
@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, lambda_setting, register
 from raysim.capabilities.batching import Batching
-from raysim.errors import ConfigError
 from raysim.toolkit.prototypes import ClassMeans, plain_means
 from raysim.weights import BODY
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -37,12 +36,8 @@ OWN_PARTS = (*BODY, "head")
 
 @dataclass(frozen=True)
 class FedProtoConfig:
-    lam: float = 1.0  # lambda of the prototype term (``algo.lambda``)
+    lam: float = lambda_setting(1.0, at_least=0)  # lambda of the prototype term (``algo.lambda``)
     predict: Literal["proto", "head"] = "proto"  # proto: nearest global prototype | head: the client's own head
-
-    def __post_init__(self) -> None:
-        if self.lam < 0:
-            raise ConfigError(f"FedProto's lambda must be >= 0, not {self.lam}.")
 
 
 @dataclass(frozen=True)

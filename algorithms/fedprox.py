@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.weights import GLOBAL_PARTS
 from raysim.wire import WeightsPayload
 
@@ -23,11 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FedProxConfig:
-    mu: float = 0.01
-
-    def __post_init__(self) -> None:
-        if self.mu < 0:
-            raise ConfigError(f"FedProx's mu must be at least 0, not {self.mu}.")
+    mu: float = setting(0.01, at_least=0)
 
 
 @register("fedprox")

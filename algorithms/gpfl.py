@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, lambda_setting, register
 from raysim import rng
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -60,12 +60,8 @@ PERSONAL = ("head",)
 
 @dataclass(frozen=True)
 class GPFLConfig:
-    lam: float = 0.01  # lambda: the magnitude-level guidance (``algo.lambda``)
-    mu: float = 0.1  # the regulariser: weight decay on GCE's and CoV's parameters
-
-    def __post_init__(self) -> None:
-        if self.lam < 0 or self.mu < 0:
-            raise ConfigError("GPFL's lambda and mu must be at least 0.")
+    lam: float = lambda_setting(0.01, at_least=0)  # lambda: the magnitude-level guidance (``algo.lambda``)
+    mu: float = setting(0.1, at_least=0)  # the regulariser: weight decay on GCE's and CoV's parameters
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""Grouping clients by their label distributions (Fed3+2p's coordinators, seed 002, Sec. 4).
+"""Grouping clients by their label distributions (Fed3+2p's coordinators, Sec. 4).
 
 - :func:`type_a_grouping`: Eq. 5, min sum_c KL(P_{D^c} || P_D) over C coordinators, P_{D^c} the label
   distribution of the union of coordinator c's clients and P_D the global one. Counts are balanced
   (sizes differ by at most 1; without a balance constraint one coordinator holding everyone is
-  optimal, ALGORITHMS.md marks this as a choice). Greedy (clients by decreasing size, each to the open
+  optimal, docs/algorithms.md marks this as a choice). Greedy (clients by decreasing size, each to the open
   coordinator that keeps the objective lowest), then improving swaps until none helps.
 - :func:`type_b_grouping`: Eq. 10, min sum_c sum_{i<j in S_c} JS(P_i || P_j) over M non-empty groups
   (each unordered pair once; Eq. 10's ordered double sum is twice this). Greedy from farthest-point

@@ -46,7 +46,7 @@ import numpy as np
 from algorithms.base import register
 from algorithms.clustered import ClusterState, OneShotClustered
 from algorithms.clustering import Linkage
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.registry import DatasetInfo
 from raysim.setups import Choice, Source
 from raysim.wire import ClientResult
@@ -58,15 +58,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PACFLConfig:
-    basis: int = 3  # p: singular vectors per class
-    threshold: float = 10.0  # degrees: merge clusters within it
-    num_clusters: int = 0  # >0: merge until this many clusters remain (threshold ignored)
+    basis: int = setting(3, at_least=1)  # p: singular vectors per class
+    threshold: float = setting(10.0, at_least=0)  # degrees: merge clusters within it
+    num_clusters: int = setting(0, at_least=0)  # >0: merge until this many clusters remain (threshold ignored)
     linkage: Linkage = "weighted"
     proximity: Literal["pairwise", "principal"] = "pairwise"
-
-    def __post_init__(self) -> None:
-        if self.basis < 1 or self.threshold < 0 or self.num_clusters < 0:
-            raise ConfigError("PACFL needs basis >= 1, threshold >= 0 and num_clusters >= 0.")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 from algorithms.base import register
 from algorithms.fedavg import AveragedWeights
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
 
@@ -54,13 +54,9 @@ Batch = tuple["torch.Tensor", "torch.Tensor"]
 
 @dataclass(frozen=True)
 class PerFedAvgConfig:
-    alpha: float = 0.01  # the inner (adaptation) step
+    alpha: float = setting(0.01, above=0)  # the inner (adaptation) step
     variant: Literal["fo", "hf"] = "fo"
-    delta: float = 0.001  # hf: the finite difference's step
-
-    def __post_init__(self) -> None:
-        if self.alpha <= 0 or self.delta <= 0:
-            raise ConfigError("Per-FedAvg's alpha and delta must be positive.")
+    delta: float = setting(0.001, above=0)  # hf: the finite difference's step
 
 
 def gradient(model: SplitModel, params: Sequence[torch.Tensor], batch: Batch) -> tuple[float, list[torch.Tensor]]:

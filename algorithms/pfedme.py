@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from algorithms.base import register
+from algorithms.base import lambda_setting, register
 from algorithms.fedavg import AveragedWeights, GlobalState
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, JobResult, WeightsPayload
@@ -44,16 +44,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PFedMeConfig:
-    lam: float = 15.0  # lambda (``algo.lambda``)
-    k_steps: int = 5  # K
-    personal_lr: float = 0.01  # eta_p, the inner steps' rate
-    beta: float = 1.0  # the server's mixing
-
-    def __post_init__(self) -> None:
-        if self.lam <= 0 or self.personal_lr <= 0 or self.beta <= 0:
-            raise ConfigError("pFedMe's lambda, personal_lr and beta must be positive.")
-        if self.k_steps < 1:
-            raise ConfigError(f"pFedMe's k_steps must be at least 1, not {self.k_steps}.")
+    lam: float = lambda_setting(15.0, above=0)  # lambda (``algo.lambda``)
+    k_steps: int = setting(5, at_least=1)  # K
+    personal_lr: float = setting(0.01, above=0)  # eta_p, the inner steps' rate
+    beta: float = setting(1.0, above=0)  # the server's mixing
 
 
 def solve_inner(

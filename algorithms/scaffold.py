@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from algorithms.base import Algorithm, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
-from raysim.errors import ConfigError
+from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScaffoldConfig:
-    server_lr: float = 1.0  # eta_g
+    server_lr: float = setting(1.0, above=0)  # eta_g
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,6 @@ class Scaffold(Algorithm[ScaffoldState]):
     )
     Config = ScaffoldConfig
     finetune = FineTune()  # "-FT" with algo.ft_epochs
-
-    @classmethod
-    def check(cls, cfg: Any, params: ScaffoldConfig) -> None:
-        if params.server_lr <= 0:
-            raise ConfigError(f"SCAFFOLD's server_lr must be > 0, not {params.server_lr}.")
 
     def init(self, ctx: ServerContext) -> ScaffoldState:
         x = ctx.init_weights.select(GLOBAL_PARTS)

@@ -1,5 +1,5 @@
 """SphereFed ("SphereFed: Hyperspherical Federated Learning", Dong, Zhang, Li and Kung, ECCV 2022;
-arXiv 2207.09413), a baseline of FedDr+ (seed 004, Tables 1-3).
+arXiv 2207.09413), a baseline of FedDr+ (its Tables 1-3).
 
 What the paper states (its abstract; the method section could not be read here, and no code by its
 authors is public):
@@ -52,6 +52,7 @@ from algorithms.frozen_head import FrozenHead, GlobalEval, drplus_setup, drplus_
 from raysim import rng
 from raysim.capabilities.extra_rounds import ExtraRounds
 from raysim.capabilities.finetune import FineTune
+from raysim.config import setting
 from raysim.errors import ConfigError
 from raysim.registry import MODELS, DatasetInfo, dataset_info
 from raysim.setups import Source
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 class SphereFedConfig:
     loss: Literal["mse", "ce"] = "mse"  # the local loss on W z (the paper's text was not available)
     calibrate: bool = True  # the closed-form classifier calibration after the last round
-    calib_ridge: float = 1e-3  # lambda = calib_ridge * trace(V) / d
+    calib_ridge: float = setting(1e-3, at_least=0)  # lambda = calib_ridge * trace(V) / d
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,6 @@ class SphereFed(FrozenHead):
 
     @classmethod
     def check(cls, cfg: Any, params: SphereFedConfig) -> None:
-        if params.calib_ridge < 0:
-            raise ConfigError(f"SphereFed's calib_ridge must be >= 0, not {params.calib_ridge}.")
         check_rows_fit(MODELS.get(cfg.model).feature_dim, dataset_info(cfg.data).num_classes)
 
     # ---------------------------------------------------------------------------------------- server

@@ -43,8 +43,9 @@ class Asynchronous(Capability):
         return not self.why_not
 
     @classmethod
-    def of(cls, algorithm: Any) -> Asynchronous:
-        return super().of(algorithm) or NO_ASYNC
+    def absent(cls) -> Asynchronous:
+        """An algorithm that declares no ``Asynchronous``: :data:`NO_ASYNC`."""
+        return NO_ASYNC
 
     @staticmethod
     def started_from(algorithm: Any, state: Any) -> ModelWeights:
@@ -54,7 +55,8 @@ class Asynchronous(Capability):
 
 #: what an algorithm that says nothing has
 NO_ASYNC = Asynchronous(
-    why_not="its aggregate is not a weighted average of uploads that all started from one global model."
+    why_not="its aggregate is not a weighted average of uploads that all started from one global model.",
+    declared=False,
 )
 
 

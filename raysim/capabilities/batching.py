@@ -42,15 +42,16 @@ class Batching(Capability):
         return not self.why_not
 
     @classmethod
-    def of(cls, algorithm: Any) -> Batching:
-        """The algorithm's declared ``Batching``, else :data:`NO_BATCHING`."""
-        return super().of(algorithm) or NO_BATCHING
+    def absent(cls) -> Batching:
+        """An algorithm that declares no ``Batching``: :data:`NO_BATCHING`."""
+        return NO_BATCHING
 
 
 #: what an algorithm that says nothing has
 NO_BATCHING = Batching(
     why_not="its local update is not one pass of supervised training from the received model with a "
-    "loss the same for every client."
+    "loss the same for every client.",
+    declared=False,
 )
 
 
@@ -104,9 +105,7 @@ def train_received(
     loss = objective(first, payload)
     from raysim.capabilities.regularizers import Regularizable
 
-    regularizers = Regularizable.of(algo)
-    if regularizers is not None:
-        loss = regularizers.wrap(algo.cfg, first, payload.weights, parts, loss)
+    loss = Regularizable.of(algo).wrap(algo.cfg, first, payload.weights, parts, loss)
     trained = ClientContext.train_together(ctxs, parts, payload.lr, loss_fn=loss)
     return [ctx.result(stats, weights=w) for ctx, (stats, w) in zip(ctxs, trained, strict=True)]
 

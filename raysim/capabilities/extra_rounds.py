@@ -15,7 +15,6 @@ without the capability has neither pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from raysim.capabilities.declared import Capability
 
@@ -28,9 +27,9 @@ class ExtraRounds(Capability):
     epilogue: bool = False
 
     @classmethod
-    def of(cls, algorithm: Any) -> ExtraRounds:
-        """The algorithm's declared ``ExtraRounds``, else :data:`NO_EXTRA_ROUNDS` (neither pass)."""
-        return super().of(algorithm) or NO_EXTRA_ROUNDS
+    def absent(cls) -> ExtraRounds:
+        """An algorithm that declares no ``ExtraRounds``: :data:`NO_EXTRA_ROUNDS` (neither pass)."""
+        return NO_EXTRA_ROUNDS
 
     def first_round(self) -> int:
         """The first round a fresh run takes: 0 (the prologue) or 1."""
@@ -38,6 +37,6 @@ class ExtraRounds(Capability):
 
 
 #: what an algorithm that says nothing has
-NO_EXTRA_ROUNDS = ExtraRounds()
+NO_EXTRA_ROUNDS = ExtraRounds(declared=False)
 
 __all__ = ["NO_EXTRA_ROUNDS", "ExtraRounds"]

@@ -48,8 +48,8 @@ class FineTune(Capability):
         )
 
     def on(self, cfg: ExperimentConfig) -> bool:
-        """Whether the run fine-tunes (``ft_epochs`` > 0)."""
-        return self.setting(cfg)[0] > 0
+        """Whether the run fine-tunes (declared, and ``ft_epochs`` > 0)."""
+        return self.declared and self.setting(cfg)[0] > 0
 
     @staticmethod
     def weights(algo: Any, eval_payload: Any) -> ModelWeights:
@@ -62,7 +62,7 @@ class FineTune(Capability):
         """Client ``ctx.cid``'s fine-tuned model, loaded into ``ctx.model``, at the last round (None
         before it, or when the run does not fine-tune)."""
         epochs, lr = self.setting(algo.cfg)
-        if epochs == 0 or ctx.rnd < algo.cfg.rounds:
+        if not self.declared or epochs == 0 or ctx.rnd < algo.cfg.rounds:
             return None
         weights = self.weights(algo, eval_payload)
         hook = getattr(algo, "ft_loss", None)

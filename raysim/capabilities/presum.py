@@ -1,4 +1,4 @@
-"""Summing a round's uploads where they were trained (issue 29): the client workers send the server
+"""Summing a round's uploads where they were trained: the client workers send the server
 partial sums instead of every client's weights.
 
 In the cross-device regime a round has hundreds of one-step clients, and every one of them would
@@ -52,7 +52,7 @@ class Presum(Capability):
         klass = algorithm if isinstance(algorithm, type) else type(algorithm)
         found = cls.of(klass)
         return (
-            found is not None
+            found.declared
             and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
             and bool(getattr(klass, "shared_parts", ()))
             and not getattr(klass, "pinned", True)

@@ -12,16 +12,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from raysim.capabilities.declared import Capability
-from raysim.capabilities.settings import engine_settings
+from raysim.capabilities.settings import RegName, engine_settings
 from raysim.config import ExperimentConfig
 from raysim.weights import ModelWeights
 
 if TYPE_CHECKING:
     from raysim.toolkit.context import ClientContext
+    from raysim.toolkit.distill import Term
     from raysim.toolkit.train import LossFn
+
+
+def term(name: RegName) -> Term:
+    """The regulariser ``name``'s term (:mod:`raysim.toolkit.distill`). The names are one list,
+    ``RegName`` (:mod:`raysim.capabilities.settings`), which ``algo.regularizers`` is checked
+    against; mypy checks that this match gives every one of them a term."""
+    from raysim.toolkit import distill
+
+    match name:
+        case "prox":
+            return distill.prox_term
+        case "kd":
+            return distill.kd_term
+        case "ntd":
+            return distill.ntd_term
+        case "ld":
+            return distill.ld_term
+        case "fd":
+            return distill.fd_term
+        case _:
+            assert_never(name)
 
 
 #: the config Regularizable.setting last read, and its answer
@@ -33,7 +55,7 @@ class Regularizable(Capability):
     """``regularizers = Regularizable()`` on an algorithm's class."""
 
     @staticmethod
-    def setting(cfg: ExperimentConfig) -> tuple[tuple[str, ...], float, float]:
+    def setting(cfg: ExperimentConfig) -> tuple[tuple[RegName, ...], float, float]:
         """(names, beta, tau) of the added regularisers (none unless ``algo.regularizers``), read
         once per config (every client's update asks)."""
         global _last_setting
@@ -42,7 +64,7 @@ class Regularizable(Capability):
             p = engine_settings(cfg.algo_params)
             setting = (tuple(p.regularizers), p.reg_beta, p.reg_tau)
             _last_setting = (cfg, setting)
-        out: tuple[tuple[str, ...], float, float] = setting
+        out: tuple[tuple[RegName, ...], float, float] = setting
         return out
 
     def wrap(
@@ -50,7 +72,9 @@ class Regularizable(Capability):
     ) -> LossFn:
         """``loss_fn`` with the run's added regularisers against ``received`` (the global model the
         client started from, already loaded in ``ctx.model``), ``parts`` being what trains; the
-        loss itself when there are none."""
+        loss itself when there are none (and for an algorithm without the capability)."""
+        if not self.declared:
+            return loss_fn
         names, beta, tau = self.setting(cfg)
         if not names:
             return loss_fn
@@ -58,7 +82,7 @@ class Regularizable(Capability):
         from raysim.toolkit.train import proximal_anchor
 
         rc = RegContext(ctx.teacher(received), proximal_anchor(ctx.model, parts), tuple(parts), tau)
-        return regularized(loss_fn, names, beta, rc)
+        return regularized(loss_fn, [term(n) for n in names], beta, rc)
 
 
-__all__ = ["Regularizable"]
+__all__ = ["Regularizable", "term"]

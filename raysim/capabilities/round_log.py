@@ -33,9 +33,8 @@ class RoundLog(Capability):
     #: the hooks an algorithm with the capability may define
     HOOKS = ("round_scalars", "round_texts", "round_images")
 
-    @staticmethod
-    def _ask(algo: Any, hook: str, state: Any, rnd: int) -> Pairs:
-        fn = getattr(algo, hook, None)
+    def _ask(self, algo: Any, hook: str, state: Any, rnd: int) -> Pairs:
+        fn = getattr(algo, hook, None) if self.declared else None
         return tuple(sorted(fn(state, rnd).items())) if fn is not None else ()
 
     def scalars(self, algo: Any, state: Any, rnd: int) -> tuple[tuple[str, float], ...]:

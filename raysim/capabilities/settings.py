@@ -15,12 +15,13 @@ from raysim.config import from_dict, setting
 #: with the "-FT" capability (``finetune``) takes besides its own Config
 FT_PARAMS = ("ft_epochs", "ft_lr")
 #: the settings of the added regularisers (``algo.regularizers=[fd]``, their weight 1 - ``reg_beta``
-#: and the distillation temperature ``reg_tau``), which every algorithm whose class is
-#: has the ``regularizers`` capability takes besides its own Config; and the regularisers' names
-#: (:data:`raysim.toolkit.distill.REGULARIZERS`)
+#: and the distillation temperature ``reg_tau``), which every algorithm whose class
+#: has the ``regularizers`` capability takes besides its own Config
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
+#: the regularisers' names: the one list of them (each one's term:
+#: :func:`raysim.capabilities.regularizers.term`, which mypy checks covers them all)
 RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
-REG_NAMES: tuple[str, ...] = typing.get_args(RegName)
+REG_NAMES: tuple[RegName, ...] = typing.get_args(RegName)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,16 @@ class Validation(Capability):
     #: the hooks an algorithm with the capability defines
     HOOKS = ("wants_validation", "observe_validation")
 
-    @staticmethod
-    def wanted(algo: Any, state: Any, rnd: int) -> bool:
-        return bool(algo.wants_validation(state, rnd))
+    def wanted(self, algo: Any, state: Any, rnd: int) -> bool:
+        """Whether the run validates the global model after round ``rnd`` (never without the
+        capability)."""
+        return self.declared and bool(algo.wants_validation(state, rnd))
 
-    @staticmethod
-    def observe(algo: Any, state: Any, rnd: int, accuracy: float) -> Any:
+    def observe(self, algo: Any, state: Any, rnd: int, accuracy: float) -> Any:
+        """The server state, given the accuracy it asked for (only an algorithm with the
+        capability asks)."""
+        if not self.declared:
+            raise RuntimeError(f"{type(algo).__name__} declares no Validation, so it asked for none")
         return algo.observe_validation(state, rnd, accuracy)
 
 

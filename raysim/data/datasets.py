@@ -19,9 +19,10 @@ import os
 import pickle
 import tempfile
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -240,11 +241,65 @@ def one_line(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def places(dirs: list[Path]) -> str:
+def places(dirs: Sequence[Path]) -> str:
     names = list(dict.fromkeys(str(d) for d in dirs))
     if len(names) == 1:
         return names[0]
     return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+Found = TypeVar("Found")
+
+
+@dataclass(frozen=True)
+class Download:
+    """How a dataset that torchvision has is downloaded where its files are missing."""
+
+    allowed: bool  # ``data.download``
+    root: Path  # where torchvision puts it
+    fetch: Callable[[Any], object]  # ``fetch(torchvision.datasets)`` downloads it into ``root``
+    files: str  # what the loader looks for, for a download that left none ("idx files")
+
+
+def locate(
+    title: str,
+    searched: Sequence[Path],
+    find: Callable[[], Found | None],
+    advice: str,
+    *,
+    download: Download | str,
+    folder: Callable[[Found], Path],
+    looked_for: str = "",
+    detail: Callable[[Found], str] = lambda found: "",
+) -> Found:
+    """A dataset's files, the one way every loader finds them: ``find()`` (the files in the first of
+    ``searched`` that holds them, or None; it may refuse a folder that holds them wrong itself), else
+    the download and ``find()`` again, else one sentence: "{title} was not found in {searched}
+    {looked_for}, and {why}; {advice}." ``download`` is a :class:`Download`, or, for a dataset that
+    cannot be downloaded, the clause that says so. Once found, :func:`files_found` says where
+    (``folder``, ``detail``) and the reading may begin."""
+    found = find()
+    if found is None:
+        if isinstance(download, str):
+            reason = download
+        elif not download.allowed:
+            reason = "download was off"
+        else:
+            reason = f"the download left no {download.files}"
+            try:
+                import torchvision
+
+                logger.info("Downloading %s to %s with torchvision.", title, download.root)
+                download.fetch(torchvision.datasets)
+            except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
+                reason = f"the download failed ({one_line(e)})"
+            found = find()
+        if found is None:
+            raise ConfigError(
+                f"{title} was not found in {places(searched)}{looked_for}, and {reason}; {advice}."
+            )
+    files_found(title, folder(found), detail(found))
+    return found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,28 +397,20 @@ def load_fmnist(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Arr
     ``/usr/share/datasets/fashion-mnist``, then downloads with torchvision if ``download``.
     """
     root = Path(data_dir or DEFAULT_DATA_ROOT).expanduser()
-    tv_raw = root / "FashionMNIST" / "raw"
-    searched = [root, tv_raw, DEBIAN_FMNIST_DIR]
-    files = next((f for d in searched if (f := _find_idx_files(d)) is not None), None)
-    if files is None:
-        reason = "download was off"
-        if download:
-            try:
-                import torchvision
+    searched = [root, root / "FashionMNIST" / "raw", DEBIAN_FMNIST_DIR]
 
-                logger.info("Downloading Fashion-MNIST to %s with torchvision.", root)
-                for train in (True, False):
-                    torchvision.datasets.FashionMNIST(root=str(root), train=train, download=True)
-                files = _find_idx_files(tv_raw)
-                reason = "the download left no idx files"
-            except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-                reason = f"the download failed ({one_line(e)})"
-        if files is None:
-            raise ConfigError(
-                f"Fashion-MNIST was not found in {places(searched)}, and {reason}; install the "
-                "Debian package dataset-fashion-mnist, pass --data-dir, or allow the download."
-            )
-    files_found("Fashion-MNIST", files["train_x"].parent)
+    def fetch(tv: Any) -> None:
+        for train in (True, False):
+            tv.FashionMNIST(root=str(root), train=train, download=True)
+
+    files = locate(
+        "Fashion-MNIST",
+        searched,
+        lambda: next((f for d in searched if (f := _find_idx_files(d)) is not None), None),
+        "install the Debian package dataset-fashion-mnist, pass --data-dir, or allow the download",
+        download=Download(download, root, fetch, "idx files"),
+        folder=lambda files: files["train_x"].parent,
+    )
     splits = []
     for part in ("train", "test"):
         images = read_idx(files[f"{part}_x"])
@@ -435,25 +482,19 @@ def load_cifar(name: str, data_dir: str | None, download: bool) -> tuple[ArrayDa
                 return d
         return None
 
-    directory = find()
-    if directory is None:
-        reason = "download was off"
-        if download:
-            try:
-                import torchvision
-
-                logger.info("Downloading %s to %s with torchvision.", title, root)
-                getattr(torchvision.datasets, tv_name)(root=str(root), train=True, download=True)
-                directory = find()
-                reason = "the download left no pickle files"
-            except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-                reason = f"the download failed ({one_line(e)})"
-        if directory is None:
-            raise ConfigError(
-                f"{title} was not found in {places(searched)}, and {reason}; pass --data-dir "
-                f"pointing at the folder that holds {folder}, or allow the download."
-            )
-    files_found(title, directory)
+    directory = locate(
+        title,
+        searched,
+        find,
+        f"pass --data-dir pointing at the folder that holds {folder}, or allow the download",
+        download=Download(
+            download,
+            root,
+            lambda tv: getattr(tv, tv_name)(root=str(root), train=True, download=True),
+            "pickle files",
+        ),
+        folder=lambda d: d,
+    )
     splits = []
     for files in (train_files, test_files):
         parts = [_read_cifar_pickle(directory / f, label_key) for f in files]

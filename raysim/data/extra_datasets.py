@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, files_found, one_line, places, read_idx
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, Download, locate, one_line, read_idx
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -92,18 +92,6 @@ def tinyimagenet(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset
 
 def _root(data_dir: str | None) -> Path:
     return Path(data_dir or DEFAULT_DATA_ROOT).expanduser()
-
-
-def _try_download(title: str, root: Path, fetch: Callable[[Any], object]) -> str | None:
-    """Run ``fetch(torchvision.datasets)``; None when it worked, else why not, as a clause."""
-    try:
-        import torchvision
-
-        logger.info("Downloading %s to %s with torchvision.", title, root)
-        fetch(torchvision.datasets)
-    except Exception as e:  # noqa: BLE001 (any download failure becomes one sentence)
-        return f"the download failed ({one_line(e)})"
-    return None
 
 
 def _find_files(dirs: list[Path], names: dict[str, str], gz: bool) -> dict[str, Path] | None:
@@ -205,20 +193,15 @@ def _load_idx_dataset(
     std: tuple[float, ...],
     upright: bool = False,
 ) -> tuple[ArrayDataset, ArrayDataset]:
-    files = _find_files(searched, names, gz=True)
-    if files is None:
-        reason = "download was off"
-        if download:
-            failed = _try_download(title, root, fetch)
-            files = _find_files(searched, names, gz=True)
-            reason = failed or "the download left no idx files"
-        if files is None:
-            raise ConfigError(
-                f"{title} was not found in {places(searched)}, and {reason}; pass --data-dir "
-                f"pointing at the folder that holds {names['train_x']} and its three other idx files, "
-                "or allow the download."
-            )
-    files_found(title, files["train_x"].parent)
+    files = locate(
+        title,
+        searched,
+        lambda: _find_files(searched, names, gz=True),
+        f"pass --data-dir pointing at the folder that holds {names['train_x']} and its three other idx files, "
+        "or allow the download",
+        download=Download(download, root, fetch, "idx files"),
+        folder=lambda files: files["train_x"].parent,
+    )
     splits = []
     for part in ("train", "test"):
         x, y = _idx_split(files, part, title, classes, upright)
@@ -326,24 +309,20 @@ def load_svhn(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Array
     """
     root = _root(data_dir)
     searched = [root, root / "svhn"]
-    files = _find_files(searched, _SVHN_FILES, gz=False)
-    if files is None:
-        reason = "download was off"
-        if download:
 
-            def fetch(tv: Any) -> None:
-                for split in ("train", "test"):
-                    tv.SVHN(root=str(root), split=split, download=True)
+    def fetch(tv: Any) -> None:
+        for split in ("train", "test"):
+            tv.SVHN(root=str(root), split=split, download=True)
 
-            failed = _try_download("SVHN", root, fetch)
-            files = _find_files(searched, _SVHN_FILES, gz=False)
-            reason = failed or "the download left no .mat files"
-        if files is None:
-            raise ConfigError(
-                f"SVHN was not found in {places(searched)}, and {reason}; pass --data-dir pointing at "
-                "the folder that holds train_32x32.mat and test_32x32.mat, or allow the download."
-            )
-    files_found("SVHN", files["train"].parent)
+    files = locate(
+        "SVHN",
+        searched,
+        lambda: _find_files(searched, _SVHN_FILES, gz=False),
+        "pass --data-dir pointing at the folder that holds train_32x32.mat and test_32x32.mat, "
+        "or allow the download",
+        download=Download(download, root, fetch, ".mat files"),
+        folder=lambda files: files["train"].parent,
+    )
     splits = []
     for part in ("train", "test"):
         x, y = _read_svhn_mat(files[part])
@@ -390,14 +369,15 @@ def load_cinic10(data_dir: str | None, download: bool) -> tuple[ArrayDataset, Ar
     """
     root = _root(data_dir)
     searched = [root / "cinic10", root / "CINIC-10", root / "cinic-10", root]
-    directory = next((d for d in searched if (d / "train").is_dir() and (d / "test").is_dir()), None)
-    if directory is None:
-        raise ConfigError(
-            f"CINIC-10 was not found in {places(searched)} (no train and test folders), and torchvision "
-            f"cannot download it; download it from {CINIC10_URL} and unpack it into {root / 'cinic10'}, "
-            "or pass --data-dir."
-        )
-    files_found("CINIC-10", directory)
+    directory = locate(
+        "CINIC-10",
+        searched,
+        lambda: next((d for d in searched if (d / "train").is_dir() and (d / "test").is_dir()), None),
+        f"download it from {CINIC10_URL} and unpack it into {root / 'cinic10'}, or pass --data-dir",
+        download="torchvision cannot download it",
+        folder=lambda d: d,
+        looked_for=" (no train and test folders)",
+    )
     splits = []
     for part in ("train", "test"):
         x, y = _cinic_split(directory / part)
@@ -515,16 +495,23 @@ def load_tinyimagenet(data_dir: str | None, download: bool) -> tuple[ArrayDatase
     """
     root = _root(data_dir)
     searched = [root / "tiny-imagenet-200", root]
-    directory = next((d for d in searched if (d / "wnids.txt").is_file()), None)
-    if directory is None:
-        raise ConfigError(
-            f"Tiny ImageNet was not found in {places(searched)} (no wnids.txt), and torchvision cannot "
-            f"download it; download {TINYIMAGENET_URL} and unzip it into {root}, or pass --data-dir."
-        )
-    for sub in ("train", "val"):
-        if not (directory / sub).is_dir():
-            raise ConfigError(f"The Tiny ImageNet folder {directory} has no {sub} folder.")
-    files_found("Tiny ImageNet", directory)
+
+    def find() -> Path | None:
+        directory = next((d for d in searched if (d / "wnids.txt").is_file()), None)
+        for sub in ("train", "val"):
+            if directory is not None and not (directory / sub).is_dir():
+                raise ConfigError(f"The Tiny ImageNet folder {directory} has no {sub} folder.")
+        return directory
+
+    directory = locate(
+        "Tiny ImageNet",
+        searched,
+        find,
+        f"download {TINYIMAGENET_URL} and unzip it into {root}, or pass --data-dir",
+        download="torchvision cannot download it",
+        folder=lambda d: d,
+        looked_for=" (no wnids.txt)",
+    )
     wnids = _read_wnids(directory / "wnids.txt")
     train_x, train_y = _tiny_train(directory / "train", wnids)
     test_x, test_y = _tiny_val(directory / "val", wnids)

@@ -1,4 +1,4 @@
-"""The federated view of a dataset: who trains on what, who tests on what (ALGORITHMS.md).
+"""The federated view of a dataset: who trains on what, who tests on what (docs/algorithms.md).
 
 :func:`build_federated_data` loads the dataset, partitions it over the clients and gives each client
 a local test set (P-Test); the official test set is kept whole as G-Test. Clients hold index arrays

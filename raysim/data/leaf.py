@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import DataConfig
-from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, files_found, one_line, places
+from raysim.data.datasets import DEFAULT_DATA_ROOT, ArrayDataset, locate, one_line
 from raysim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -188,10 +188,14 @@ def _pixel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ..
     return tuple(means), tuple(stds)
 
 
-def _find_leaf_dir(root: Path) -> tuple[Path, list[Path], list[Path]]:
-    """The first of ``root/femnist/data``, ``root/data`` and ``root`` with ``train`` and ``test``
-    folders of .json files, and those files."""
-    searched = [root / "femnist" / "data", root / "data", root]
+def _leaf_dirs(root: Path) -> list[Path]:
+    """Where FEMNIST's LEAF folders are looked for, in order."""
+    return [root / "femnist" / "data", root / "data", root]
+
+
+def _find_leaf_dir(searched: list[Path]) -> tuple[Path, list[Path], list[Path]] | None:
+    """The first of ``searched`` with ``train`` and ``test`` folders of .json files, and those
+    files; None when none has both folders."""
     pairs = [d for d in searched if (d / "train").is_dir() and (d / "test").is_dir()]
     for d in pairs:
         train, test = _json_files(d / "train"), _json_files(d / "test")
@@ -204,11 +208,7 @@ def _find_leaf_dir(root: Path) -> tuple[Path, list[Path], list[Path]]:
             f"The FEMNIST folder {empty} holds no .json files; run LEAF's {LEAF_COMMAND} in "
             f"leaf/data/femnist ({LEAF_URL}) to make them."
         )
-    raise ConfigError(
-        f"FEMNIST was not found in {places(searched)} (no train and test folders of LEAF json files), "
-        f"and it cannot be downloaded; run LEAF's {LEAF_COMMAND} in leaf/data/femnist ({LEAF_URL}) "
-        "and pass --data-dir pointing at leaf/data (or at leaf/data/femnist/data)."
-    )
+    return None
 
 
 def load_femnist(data_dir: str | None) -> tuple[ArrayDataset, ArrayDataset]:
@@ -220,9 +220,18 @@ def load_femnist(data_dir: str | None) -> tuple[ArrayDataset, ArrayDataset]:
     writers with training samples, shared by both splits. Normalised with the mean and std of the
     loaded training pixels (``v / 255``, float64), as LEAF publishes none. See the module docstring.
     """
-    root = Path(data_dir or DEFAULT_DATA_ROOT).expanduser()
-    directory, train_files, test_files = _find_leaf_dir(root)
-    files_found("FEMNIST", directory, f"{len(train_files)} train and {len(test_files)} test json files")
+    searched = _leaf_dirs(Path(data_dir or DEFAULT_DATA_ROOT).expanduser())
+    directory, train_files, test_files = locate(
+        "FEMNIST",
+        searched,
+        lambda: _find_leaf_dir(searched),
+        f"run LEAF's {LEAF_COMMAND} in leaf/data/femnist ({LEAF_URL}) and pass --data-dir pointing at "
+        "leaf/data (or at leaf/data/femnist/data)",
+        download="it cannot be downloaded",
+        folder=lambda found: found[0],
+        looked_for=" (no train and test folders of LEAF json files)",
+        detail=lambda found: f"{len(found[1])} train and {len(found[2])} test json files",
+    )
     train_writers, _ = _read_split(directory / "train", train_files)
     test_writers, test_source = _read_split(directory / "test", test_files)
     index = {w: i for i, w in enumerate(sorted(w for w, _, y in train_writers if len(y)))}

@@ -1,8 +1,8 @@
 """A run's data, loaded in a thread beside the cluster's start, with its files found first.
 
 Loading a dataset is finding its files (downloading them if need be) and then reading them. A run
-waits for the first part before it starts Ray, so that a missing dataset is refused before any work
-(issue 25), and lets the second overlap Ray's start, which is mostly waiting too. A loader says
+waits for the first part before it starts Ray, so that a missing dataset is refused before any work,
+and lets the second overlap Ray's start, which is mostly waiting too. A loader says
 when its files are found with :func:`raysim.data.datasets.files_found`; one that never says so (a
 user's own) is waited for to its end, and a generated dataset not at all.
 """

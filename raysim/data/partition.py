@@ -1,4 +1,4 @@
-"""Splitting a dataset's samples over clients, and the clients' local test sets (ALGORITHMS.md).
+"""Splitting a dataset's samples over clients, and the clients' local test sets (docs/algorithms.md).
 
 Every function takes its randomness from the ``numpy.random.Generator`` it is given and returns one
 sorted int64 index array per client. All partitions but ``dominant`` use every sample exactly once;

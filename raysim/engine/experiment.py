@@ -63,9 +63,7 @@ def algorithm_class(name: str) -> type[AlgorithmHooks]:
 
 def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
-    return (FT_PARAMS if FineTune.of(cls) is not None else ()) + (
-        REG_PARAMS if Regularizable.of(cls) is not None else ()
-    )
+    return (FT_PARAMS if FineTune.of(cls).declared else ()) + (REG_PARAMS if Regularizable.of(cls).declared else ())
 
 
 #: parameter names that cannot be Config fields (Python keywords), and the field each one sets
@@ -199,7 +197,7 @@ def _check_time_budget(cfg: ExperimentConfig, cls: Any) -> None:
     why = None
     if ExtraRounds.of(cls).epilogue:
         why = f"{cfg.algo}'s pass over every client after the last round"
-    elif (ft := FineTune.of(cls)) is not None and ft.on(cfg):
+    elif FineTune.of(cls).on(cfg):
         why = "the fine-tuning after the last round (algo.ft_epochs; set it to 0)"
     elif cfg.eval.features > 0:
         why = "eval.features, exported after the last round"

@@ -276,10 +276,10 @@ class ServerHost:
             client_analyses=tuple((r.client, r.analysis) for r in arrived if r.analysis is not None),
             updated_lm=tuple((r.client, r.lm_correct) for r in arrived if r.lm_correct is not None),
             client_epochs=sum(r.samples_trained / r.num_samples for r in flat if r.num_samples),
-            scalars=(log.scalars(self.algo, self.state, rnd) if log else ()) + extra,
-            texts=log.texts(self.algo, self.state, rnd) if log else (),
-            images=log.images(self.algo, self.state, rnd) if log and evaluation_due(self.cfg, rnd) else (),
-            validate=val.wanted(self.algo, self.state, rnd) if val else False,
+            scalars=log.scalars(self.algo, self.state, rnd) + extra,
+            texts=log.texts(self.algo, self.state, rnd),
+            images=log.images(self.algo, self.state, rnd) if evaluation_due(self.cfg, rnd) else (),
+            validate=val.wanted(self.algo, self.state, rnd),
             sim_duration_s=closed.duration_s,
             lost=lost,
             late=late,
@@ -290,9 +290,7 @@ class ServerHost:
     def observe_validation(self, rnd: int, accuracy: float) -> None:
         """The global model's validation accuracy after round ``rnd``, for an algorithm with the
         ``validation`` capability (asked for in that round's ``RoundStats.validate``)."""
-        validation = Validation.of(self.algo)
-        assert validation is not None
-        self.state = validation.observe(self.algo, self.state, rnd, accuracy)
+        self.state = Validation.of(self.algo).observe(self.algo, self.state, rnd, accuracy)
 
     def eval_payload(self) -> Any:
         return self.algo.eval_payload(self.state)

@@ -1,4 +1,4 @@
-"""The C allocator of a process that trains: freed memory kept for the next step (issue 29).
+"""The C allocator of a process that trains: freed memory kept for the next step.
 
 A training step allocates and frees the same activation and gradient buffers, megabytes each, every
 step. glibc's ``malloc`` serves a block above its mmap threshold (128 KiB at start, raised to the

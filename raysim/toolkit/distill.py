@@ -3,17 +3,19 @@ loss terms on the shared training loop (PyTorch; client side only).
 
 - :func:`not_true_distillation`: FedNTD's L_NTD (Lee et al., "Preservation of the Global Knowledge
   by Not-True Distillation in Federated Learning", NeurIPS 2022, Eq. 4-5).
-- :data:`REGULARIZERS`: the terms of FedDr+'s Table 1 (seed 004, Sec. 3.4), any of which an
-  algorithm with the ``regularizers`` capability (:mod:`raysim.capabilities.regularizers`) adds to its own loss by name (``algo.regularizers=[fd]``):
+- the terms of FedDr+'s Table 1 (Sec. 3.4), any of which an algorithm with the ``regularizers``
+  capability adds to its own loss by name (``algo.regularizers=[fd]``; each name's term:
+  :func:`raysim.capabilities.regularizers.term`):
 
-  - ``prox``: ||theta - theta_g||^2 over the trained parameters (FedProx, Li et al. 2020, Eq. 2,
-    without its mu/2: the weight is the combination's);
-  - ``kd``: tau^2 KL(softmax(z_g / tau) || softmax(z / tau)), the softened-softmax distillation of
-    the logits (Hinton et al. 2015, the paper's [29]);
-  - ``ntd``: the same over the not-true classes only (:func:`not_true_distillation`);
-  - ``ld``: (1/C) ||z - z_g||^2, the whole logit vector by mean squared error (Kim et al. 2021, the
-    paper's [30]);
-  - ``fd``: (1/d) ||f(x) - f_g(x)||^2, the features (FedDr+'s L_FD, Eq. 4).
+  - ``prox`` (:func:`prox_term`): ||theta - theta_g||^2 over the trained parameters (FedProx, Li
+    et al. 2020, Eq. 2, without its mu/2: the weight is the combination's);
+  - ``kd`` (:func:`kd_term`): tau^2 KL(softmax(z_g / tau) || softmax(z / tau)), the
+    softened-softmax distillation of the logits (Hinton et al. 2015, the paper's [29]);
+  - ``ntd`` (:func:`ntd_term`): the same over the not-true classes only
+    (:func:`not_true_distillation`);
+  - ``ld`` (:func:`ld_term`): (1/C) ||z - z_g||^2, the whole logit vector by mean squared error
+    (Kim et al. 2021, the paper's [30]);
+  - ``fd`` (:func:`fd_term`): (1/d) ||f(x) - f_g(x)||^2, the features (FedDr+'s L_FD, Eq. 4).
 
   Each is a batch mean, is zero when the local model equals the global one, and is combined as
   FedDr+'s Eq. 4 combines L_DR and L_FD: L = beta L_own + (1 - beta) sum of the named terms
@@ -99,19 +101,37 @@ class RegContext:
 
 Term = Callable[[SplitModel, Outputs, RegContext], torch.Tensor]
 
-REGULARIZERS: dict[str, Term] = {
-    "prox": lambda model, o, rc: proximal_term(model, rc.anchor, rc.parts),
-    "kd": lambda model, o, rc: knowledge_distillation(o.logits, o.teacher_logits, rc.tau),
-    "ntd": lambda model, o, rc: not_true_distillation(o.logits, o.teacher_logits, o.y, rc.tau),
-    "ld": lambda model, o, rc: F.mse_loss(o.logits, o.teacher_logits),
-    "fd": lambda model, o, rc: F.mse_loss(o.features, o.teacher_features),
-}
 
 
-def regularized(own: LossFn, names: Sequence[str], beta: float, rc: RegContext) -> LossFn:
-    """beta * own + (1 - beta) * the sum of the named terms (the global model's outputs carry no
+
+def prox_term(model: SplitModel, o: Outputs, rc: RegContext) -> torch.Tensor:
+    """``prox``: ||theta - theta_g||^2 over the trained parameters."""
+    return proximal_term(model, rc.anchor, rc.parts)
+
+
+def kd_term(model: SplitModel, o: Outputs, rc: RegContext) -> torch.Tensor:
+    """``kd``: the softened-softmax distillation of the logits."""
+    return knowledge_distillation(o.logits, o.teacher_logits, rc.tau)
+
+
+def ntd_term(model: SplitModel, o: Outputs, rc: RegContext) -> torch.Tensor:
+    """``ntd``: the same over the not-true classes only."""
+    return not_true_distillation(o.logits, o.teacher_logits, o.y, rc.tau)
+
+
+def ld_term(model: SplitModel, o: Outputs, rc: RegContext) -> torch.Tensor:
+    """``ld``: the logits by mean squared error."""
+    return F.mse_loss(o.logits, o.teacher_logits)
+
+
+def fd_term(model: SplitModel, o: Outputs, rc: RegContext) -> torch.Tensor:
+    """``fd``: the features by mean squared error."""
+    return F.mse_loss(o.features, o.teacher_features)
+
+
+def regularized(own: LossFn, terms: Sequence[Term], beta: float, rc: RegContext) -> LossFn:
+    """beta * own + (1 - beta) * the sum of ``terms`` (the global model's outputs carry no
     gradient)."""
-    terms = [REGULARIZERS[n] for n in names]
 
     def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -126,9 +146,15 @@ def regularized(own: LossFn, names: Sequence[str], beta: float, rc: RegContext) 
 
 
 __all__ = [
-    "REGULARIZERS",
-    "as_teacher",
+    "Outputs",
     "RegContext",
+    "Term",
+    "as_teacher",
+    "fd_term",
+    "kd_term",
+    "ld_term",
+    "ntd_term",
+    "prox_term",
     "knowledge_distillation",
     "not_true_distillation",
     "not_true_logits",

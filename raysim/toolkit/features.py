@@ -1,8 +1,9 @@
 """Feature statistics a client computes on its own data (PyTorch; client side).
 
-Used by the prototype family: FedFCD's local feature representations (LFR, seed 003 Eq. 3), FedProto's
-and FedGH's class prototypes, FedPAC's class centroids and its classifier-collaboration statistics
-(seed 001; the authors' ``statistics_extraction``).
+Used by the prototype family: FedFCD's local feature representations (LFR, the FedFCD paper's
+Eq. 3), FedProto's and FedGH's class prototypes, FedPAC's class centroids and its
+classifier-collaboration statistics (the FedPAC reproduction report; the authors'
+``statistics_extraction``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class PacStatistics:
 
 def pac_statistics(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> PacStatistics:
     """p(c) = n_c / n; H[c] = p(c) mu(c); V = (1/n) sum_c [p(c) mean_{z in c} ||z||^2 - p(c)^2 ||mu(c)||^2]
-    (seed 001, as the authors' ``statistics_extraction`` computes them)."""
+    (the FedPAC reproduction report, as the authors' ``statistics_extraction`` computes them)."""
     z64 = z.to(torch.float64)
     n = z.shape[0]
     counts = torch.bincount(y, minlength=num_classes).to(torch.float64)

@@ -3,8 +3,8 @@
 
 - :class:`ClassMeans`: the one record of the prototype family, a client's upload (FedProto, FedGH,
   FedFCD's LFR, FedPAC's local centroids) or, stacked, many clients' (a leading client axis).
-- FedFCD's global feature representation (GFR, seed 003 Eq. 5) and FedPAC's global class centroids
-  (seed 001): count-weighted means of the clients' class means (:func:`weighted_means`).
+- FedFCD's global feature representation (GFR, the FedFCD paper's Eq. 5) and FedPAC's global class centroids
+  (the FedPAC reproduction report): count-weighted means of the clients' class means (:func:`weighted_means`).
 - FedProto's global prototypes (Tan et al., AAAI 2022): the plain mean over the clients that hold
   the class, as the reference implementation (PFLlib's ``proto_aggregation``) computes it.
 - The global head trained on the server on the (class mean, class) pairs (FedFCD Eq. 4; FedGH).
@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,8 @@ import numpy as np
 from raysim.weights import ModelWeights
 
 if TYPE_CHECKING:
+    import torch
+
     from raysim.models import SplitModel
 
 
@@ -78,32 +80,30 @@ def train_head_on_class_means(
 ) -> ModelWeights:
     """SGD with cross-entropy on the global head over the (class mean, class) pairs of the stacked
     ``uploads``, ``epochs`` passes in shuffled mini-batches (FedFCD Eq. 4; FedGH's server step),
-    shuffled from ``seed``. One thread, so every executor gives the same numbers. Returns the new
-    ``head`` part."""
+    shuffled from ``seed``: the one training loop (:func:`raysim.toolkit.train.local_train`) on the
+    ``head`` part, fed the pairs. It runs on the threads the process was given for training, like
+    every other step of a run. Returns the new ``head`` part."""
     import torch
     import torch.nn.functional as F
 
     from raysim.models import get_weights, set_weights
-    from raysim.toolkit.sgd import SGD
+    from raysim.toolkit.train import SGDConfig, iterate_batches, local_train
 
     features, labels = prototype_pairs(uploads)
     if features.shape[0] == 0 or epochs == 0:
         return head
-    torch.set_num_threads(1)
     set_weights(model, head)
-    module = model.head
-    module.train()
-    opt = SGD(module.parameters(), lr)
     x = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
     y = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
     g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        order = torch.randperm(x.shape[0], generator=g)
-        for start in range(0, x.shape[0], batch_size):
-            idx = order[start : start + batch_size]
-            opt.zero_grad()
-            F.cross_entropy(module(x[idx]), y[idx]).backward()
-            opt.step()
+
+    def pairs(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return iterate_batches(x, y, torch.randperm(x.shape[0], generator=g), batch_size)
+
+    def head_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model.head(x), y)
+
+    local_train(model, pairs, epochs=epochs, parts=("head",), sgd=SGDConfig(lr), loss_fn=head_loss)
     return get_weights(model, ("head",))
 
 

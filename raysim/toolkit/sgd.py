@@ -5,7 +5,7 @@ numbers are the same to the bit: d = g + wd * p; with momentum, buf = d at the f
 buf = momentum * buf + d, and d = buf; then p += -lr * d. A parameter whose gradient is None is
 skipped and its buffer kept, as ``torch.optim.SGD`` does.
 
-Why not ``torch.optim.SGD`` itself (issue 16, start-up): the first optimizer a process builds imports
+Why not ``torch.optim.SGD`` itself (start-up): the first optimizer a process builds imports
 ``torch._dynamo`` (every ``Optimizer.__init__`` is wrapped to disable TorchDynamo, and the wrapper
 imports it on first use), about a second of every worker's and the server's start-up on this
 machine's cores, for a compiler raysim does not use. The step also skips the optimizer's per-step

@@ -67,7 +67,7 @@ def set_trainable(model: SplitModel, parts: Sequence[str]) -> list[torch.nn.Para
     params: list[torch.nn.Parameter] = []
     for name in PARTS:
         module = model.part(name)
-        lay = layout(module)  # its modules and parameters, read once (issue 29)
+        lay = layout(module)  # its modules and parameters, read once
         train = name in parts
         if any(m.training != train for m in lay.modules):  # (setting a mode costs more than reading it)
             module.train(train)

@@ -1,6 +1,7 @@
 """The capabilities are declared, not implied: the engine finds one by its type among the class's
-attributes; the base class declares none; a registered algorithm defines a capability's own hooks
-exactly when it declares the capability."""
+attributes; the base class declares none (``Kind.of`` gives the kind's null object, ``declared``
+False); a registered algorithm defines a capability's own hooks exactly when it declares the
+capability."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 
 import algorithms  # noqa: F401  (registers every algorithm)
 from algorithms.base import Algorithm
+from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import NO_BATCHING, Batching
 from raysim.capabilities.declared import Capability
 from raysim.capabilities.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
 from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.presum import Presum
 from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
@@ -26,7 +29,25 @@ HOOKS: dict[type[Capability], tuple[str, ...]] = {RoundLog: RoundLog.HOOKS, Vali
 def test_the_base_declares_no_capability() -> None:
     assert not [v for v in vars(Algorithm).values() if isinstance(v, Capability)]
     assert Batching.of(Algorithm) is NO_BATCHING and ExtraRounds.of(Algorithm) is NO_EXTRA_ROUNDS
-    assert all(kind.of(Algorithm) is None for kind in (FineTune, Regularizable, RoundLog, Validation))
+    for kind in (*KINDS, Asynchronous, Presum):
+        absent = kind.of(Algorithm)
+        assert type(absent) is kind and not absent.declared, kind
+        assert kind.of(Algorithm) is absent  # one null object per class and kind, read once
+
+
+def test_a_null_capability_does_what_the_engine_does_without_it(tmp_path) -> None:
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tmp_path, algo="fedavg")
+    assert not FineTune.absent().on(cfg) and not Batching.absent().possible
+    assert not ExtraRounds.absent().prologue and not ExtraRounds.absent().epilogue
+    assert RoundLog.absent().scalars(object(), None, 1) == () and not Validation.absent().wanted(object(), None, 1)
+
+    def loss(model, x, y):
+        return x
+
+    assert Regularizable.absent().wrap(cfg, None, None, (), loss) is loss
+    assert not Presum.applies(Algorithm, cfg)
 
 
 def test_a_capability_is_found_by_its_type_under_any_name_and_inherited() -> None:
@@ -48,8 +69,8 @@ def test_a_capability_is_found_by_its_type_under_any_name_and_inherited() -> Non
         my_own_name = None  # taken back
 
     assert Probe.of(C) == Probe(2)  # the nearest declaration wins
-    assert Probe.of(D) is None
-    assert Probe.of(Algorithm) is None
+    assert not Probe.of(D).declared and Probe.of(D) == Probe(declared=False)
+    assert not Probe.of(Algorithm).declared
 
 
 @pytest.mark.parametrize("kind", sorted(HOOKS, key=lambda k: k.__name__), ids=lambda k: k.__name__)
@@ -59,7 +80,7 @@ def test_a_class_defines_a_capabilitys_hooks_exactly_when_it_declares_it(kind: t
     declared, defines = set(), set()
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
-        if kind.of(cls) is not None:
+        if kind.of(cls).declared:
             declared.add(name)
         if any(hasattr(cls, h) for h in hooks):
             defines.add(name)
@@ -71,7 +92,7 @@ def test_a_class_defines_a_capabilitys_hooks_exactly_when_it_declares_it(kind: t
 
 def test_each_algorithm_declares_what_it_uses() -> None:
     def having(kind: type[Capability]) -> set[str]:
-        return {n for n in ALGORITHMS.names() if kind.of(ALGORITHMS.get(n)) is not None}
+        return {n for n in ALGORITHMS.names() if kind.of(ALGORITHMS.get(n)).declared}
 
     prologue = {n for n in ALGORITHMS.names() if ExtraRounds.of(ALGORITHMS.get(n)).prologue}
     epilogue = {n for n in ALGORITHMS.names() if ExtraRounds.of(ALGORITHMS.get(n)).epilogue}
@@ -80,4 +101,4 @@ def test_each_algorithm_declares_what_it_uses() -> None:
     assert {"fedbabu", "feddrplus"} <= having(FineTune) and "fed3p2" not in having(FineTune)
     assert {"fedavg", "fedprox"} <= having(Regularizable) and "fedpac" not in having(Regularizable)
     assert Batching.of(ALGORITHMS.get("fed3p2")).pinned and Batching.of(ALGORITHMS.get("fedavg")).possible
-    assert all(kind.of(ALGORITHMS.get("ditto")) is None for kind in (FineTune, RoundLog, Validation))
+    assert not any(kind.of(ALGORITHMS.get("ditto")).declared for kind in (FineTune, RoundLog, Validation))

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from raysim.capabilities.regularizers import term as term_of
 from raysim.models import build_model
 from raysim.registry import MODELS
 from raysim.toolkit.distill import RegContext, as_teacher, regularized
@@ -33,7 +34,7 @@ def term_between_equal_weights(name: str, term: str, teacher_of) -> float:
     teacher = teacher_of(copy.deepcopy(model))
     model.train()
     rc = RegContext(teacher, proximal_anchor(model, GLOBAL_PARTS), GLOBAL_PARTS, 2.0)
-    loss = regularized(lambda m, xb, yb: torch.zeros(()), [term], 0.0, rc)
+    loss = regularized(lambda m, xb, yb: torch.zeros(()), [term_of(term)], 0.0, rc)
     with torch.no_grad():
         return float(loss(model, x, y))
 

@@ -93,7 +93,7 @@ def test_ft_goes_on_at_the_last_rounds_rate_unless_given_one(tmp_path):
     schedule = {"rounds": 4, "train.lr": 0.1, "train.lr_decay": 0.5, "train.lr_milestones": (0.5,)}
     cfg = tiny_config(tmp_path / "default", algo="fedbabu", **schedule)
     finetune = FineTune.of(algorithm_class("fedbabu"))
-    assert finetune is not None
+    assert finetune.declared
     assert finetune.setting(cfg) == (1, pytest.approx(0.1 * 0.5**3 * 0.1))
     given = tiny_config(tmp_path / "given", algo="fedbabu", **schedule, **{"algo.ft_lr": 0.1 * 0.5**3 * 0.1})
     assert finetune.setting(given)[1] == finetune.setting(cfg)[1]
