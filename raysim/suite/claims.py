@@ -40,7 +40,7 @@ of which k hold:
 - k = n: "holds on every seed";
 - 0 < k < n: "holds on k of n";
 - k = 0: "does not hold" when the mean margin is further below zero than the margins' standard
-  deviation over the seeds, else "cannot be told" (the miss is inside the seed spread).
+  deviation over the seeds (the sample std, ddof 1), else "cannot be told" (the miss is inside the seed spread).
 
 A claim whose rows or metric the suite lacks (a trial that did not finish, a metric the algorithm
 does not report) is "cannot be told" with the reason. ``raysim report --publish`` writes each
@@ -451,7 +451,7 @@ def claims_table(verdicts: Sequence[Verdict]) -> str:
     """The page's table of claims: each with where the paper makes it, the values it read (each
     row's per-seed values and mean ± std, in the claim's unit), its per-seed margins and its verdict."""
     lines = [
-        "| claim | where | values (per seed; mean ± std) | margin per seed | verdict |",
+        "| claim | where | values (per seed; mean ± sample std) | margin per seed | verdict |",
         "|---|---|---|---|---|",
     ]
     for v in verdicts:

@@ -230,7 +230,7 @@ def publish(
         "",
         "## Results",
         "",
-        "Accuracies in %, mean ± std over seeds: the value after the last round (final) and the mean "
+        "Accuracies in %, mean ± std over seeds (the population std, numpy's default): the value after the last round (final) and the mean "
         "of the last k evaluations (last k); best is the mean over seeds of each seed's highest "
         "evaluated value. The paper's figure is as the suite file quotes it.",
         "",
