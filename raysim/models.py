@@ -1,7 +1,7 @@
 """Models with named parts: ``extractor | filter | head`` plus a personal head ``phead`` (PyTorch).
 
-ALGORITHMS.md, "Models": every model is a :class:`SplitModel` whose parts are real ``nn.Module``s, so an
-algorithm can freeze, share or keep personal any part by name. A model without a filter uses the
+Every model is a :class:`SplitModel` whose parts are real ``nn.Module``s, so an algorithm can
+freeze, share or keep personal any part by name. A model without a filter uses the
 identity; ``phead`` has ``head``'s shape. Each builder takes the input shape and class count, so the
 same model runs on the real dataset it was written for and on synthetic data of another size.
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim import torch_internals
 from raysim.errors import ConfigError
 from raysim.weights import PARTS, ModelWeights
 
@@ -127,7 +128,7 @@ def _with_fc(
 def cnn3p2(
     input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int
 ) -> SplitModel:
-    """Fed3+2p's ConvNet (seed 002, "Backbones"): convolutions with ReLU and max-pool as the
+    """Fed3+2p's ConvNet (its paper's "Backbones"): convolutions with ReLU and max-pool as the
     extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head."""
     pools = [True] * len(channels)
     if len(channels) == 3:  # the CIFAR net: conv-pool, conv-pool, conv
@@ -151,7 +152,7 @@ def cnn3p2_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
 
 
 def mlp_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
-    """FedFCD's FMNIST MLP (seed 003): 784 -> 100 ReLU | - | 100 -> 10."""
+    """FedFCD's FMNIST MLP (as its paper gives it): 784 -> 100 ReLU | - | 100 -> 10."""
     n_in = 1
     for s in input_shape:
         n_in *= s
@@ -183,7 +184,8 @@ def _pac(input_shape: Sequence[int], num_classes: int, convs: Sequence[tuple[int
 
 
 def cnn_pac(input_shape: Sequence[int], num_classes: int) -> SplitModel:
-    """FedPAC's (E)MNIST/FMNIST CNN (seed 001; the authors' ``CNN_FMNIST``, JianXu95/FedPAC
+    """FedPAC's (E)MNIST/FMNIST CNN (Xu et al., "Personalized Federated Learning with Feature
+    Alignment and Classifier Collaboration"; the authors' ``CNN_FMNIST``, JianXu95/FedPAC
     ``models/cnn.py``): conv 16 5x5, conv 32 5x5 with padding 1 (each max-pooled, LeakyReLU), FC 128
     LeakyReLU | - | FC C; on 28x28 inputs the FC reads 32 x 5 x 5 = 800 values. (Before commit
     3833de0 the second conv had no padding, 512 values: results pages of code before then used it.)"""
@@ -326,7 +328,7 @@ def to_channels_last(model: SplitModel) -> SplitModel:
     """``model`` with its 4-D tensors (convolution kernels) in the channels-last memory format.
 
     PyTorch's CPU kernels for convolution and max-pooling run on channels-last tensors without the
-    per-call reorders of the NCHW path (issue 29; ``scripts/bench/layout.py``, figures in
+    per-call reorders of the NCHW path (``scripts/bench/layout.py``, figures in
     docs/benchmarks.md). Only the layout
     changes: every tensor keeps its shape and its values' logical order, so a part's flat array
     (``reshape``, ``view_as``) is what it was; the kernels sum in another order, so the numbers
@@ -344,63 +346,43 @@ class ModuleLayout:
     """What a module's state holds, read once (:func:`layout`): its floating-point state tensors in
     the order a flat part lays them out, its modules and its parameters.
 
-    A client's update loads its parts, trains them and reads them back (issue 29): walking the
-    module tree for that three times a part was a tenth of a one-step client's time. The layout is
-    read again when the module tree may have changed: after any module, parameter or buffer is
-    registered anywhere in the process (PyTorch's global registration hooks count them), or when
-    one of its tensors is no longer the one its module holds (``Module._apply`` puts new buffers
-    in place without registering them). A module whose state dict is customised is read through
-    ``state_dict`` every time."""
+    A client's update loads its parts, trains them and reads them back: walking the module tree
+    for that three times a part was a tenth of a one-step client's time. The layout is read again
+    when the module tree may have changed: after any module, parameter or buffer is registered
+    anywhere in the process, or when one of its tensors is no longer the one its module holds.
+    ``floats`` is None for a module whose state dict is customised, which is read through
+    ``state_dict`` every time. Where PyTorch's internals are off (:mod:`raysim.torch_internals`),
+    nothing is kept: every layout is read anew, and its tensors through ``state_dict``."""
 
     __slots__ = ("floats", "modules", "params", "_generation", "_held")
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self._generation = _registrations[0]
+        self._generation = torch_internals.registrations()  # first: a registration from now on is seen
         self.modules: tuple[torch.nn.Module, ...] = tuple(module.modules())
         self.params: tuple[torch.nn.Parameter, ...] = tuple(module.parameters())
-        floats: list[torch.Tensor] = []
-        held: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
-        custom = False  # a module whose state dict is its own: read through state_dict every time
-        for _, m in module.named_modules(remove_duplicate=False):  # a shared module twice, as state_dict has it
-            if type(m)._save_to_state_dict is not torch.nn.Module._save_to_state_dict or m._state_dict_hooks:
-                custom = True
-                break
-            for name, t in m._parameters.items():
-                if t is not None and t.is_floating_point():
-                    floats.append(t)
-                    held.append((m._parameters, name, t))
-            for name, t in m._buffers.items():
-                if t is not None and name not in m._non_persistent_buffers_set and t.is_floating_point():
-                    floats.append(t)
-                    held.append((m._buffers, name, t))
-        self.floats: tuple[torch.Tensor, ...] | None = None if custom else tuple(floats)
-        self._held = () if custom else tuple(held)
+        state = torch_internals.plain_state(module) if self._generation is not None else None
+        self.floats: tuple[torch.Tensor, ...] | None = None if state is None else state[0]
+        self._held: tuple[torch_internals.Held, ...] = () if state is None else state[1]
 
     def current(self) -> bool:
-        """Whether the module tree is still what this layout read."""
-        return self._generation == _registrations[0] and all(owner.get(k) is t for owner, k, t in self._held)
+        """Whether the module tree is still what this layout read (never, where nothing is kept)."""
+        return (
+            self._generation is not None
+            and self._generation == torch_internals.registrations()
+            and torch_internals.still_held(self._held)
+        )
 
 
-#: registrations of modules, parameters and buffers in this process so far (PyTorch's global hooks)
-_registrations = [0]
 _layouts: weakref.WeakKeyDictionary[torch.nn.Module, ModuleLayout] = weakref.WeakKeyDictionary()
-
-
-def _registered(*_: object) -> None:
-    _registrations[0] += 1
-
-
-_hooks = torch.nn.modules.module
-_hooks.register_module_module_registration_hook(_registered)
-_hooks.register_module_parameter_registration_hook(_registered)
-_hooks.register_module_buffer_registration_hook(_registered)
 
 
 def layout(module: torch.nn.Module) -> ModuleLayout:
     """``module``'s :class:`ModuleLayout`, read now or kept from before while it is current."""
     found = _layouts.get(module)
     if found is None or not found.current():
-        found = _layouts[module] = ModuleLayout(module)
+        found = ModuleLayout(module)
+        if found._generation is not None:  # kept only where it can tell when it is stale
+            _layouts[module] = found
     return found
 
 
@@ -456,12 +438,12 @@ def set_part(model: SplitModel, part: str, flat: np.ndarray) -> None:
 
 class WeightsLoader:
     """:func:`set_weights` for a model that loads the same weights again and again (a worker's
-    clients of one round all start from its payload, issue 29): the copies from the weights' flat
-    arrays into the model's tensors are laid out once per weights object, then made in one
-    ``torch._foreach_copy_``. The same values land in the same tensors as :func:`set_weights` puts
-    them. Laid out anew for other weights, another model, or a part whose module tree changed
-    (:func:`layout`); on a GPU, or for a part whose state dict is customised, it is
-    :func:`set_weights`."""
+    clients of one round all start from its payload): the copies from the weights' flat arrays into
+    the model's tensors are laid out once per weights object, then made in one call
+    (:func:`raysim.torch_internals.foreach_copy_`). The same values land in the same tensors as
+    :func:`set_weights` puts them. Laid out anew for other weights, another model, or a part whose
+    module tree changed (:func:`layout`); on a GPU, for a part whose state dict is customised, or
+    where PyTorch's internals are off (:mod:`raysim.torch_internals`), it is :func:`set_weights`."""
 
     def __init__(self) -> None:
         self._weights: ModelWeights | None = None  # what the plan below loads (kept alive by it)
@@ -479,7 +461,7 @@ class WeightsLoader:
             set_weights(model, weights)
             return
         with torch.no_grad():
-            torch._foreach_copy_(self._dst, self._src)
+            torch_internals.foreach_copy_(self._dst, self._src)
 
     def _plan(self, model: SplitModel, weights: ModelWeights) -> bool:
         """Lay out the copies of ``weights`` into ``model``; False where they are not laid out."""

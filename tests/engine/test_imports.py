@@ -153,3 +153,84 @@ def test_the_layers_are_raysims_packages():
     packages = {p.parent.name for p in (ROOT / "raysim").glob("*/__init__.py")}
     assert packages == set(LAYERS) - {"core", "api"}
     assert layer_of("raysim.engine.executors.schedule") == "engine" and layer_of("raysim.config") == "core"
+
+
+#: the modules where raysim may use Ray's and PyTorch's private internals: each use there gives its
+#: reason, the version it was checked on and its public fallback, behind the one switch
+#: RAYSIM_INTERNALS (raysim/internals.py)
+INTERNALS = {"raysim.engine.executors.ray_internals", "raysim.torch_internals"}
+#: private uses not yet moved behind that door, with what they are
+NOT_YET = {
+    "raysim.toolkit.sgd": "torch._foreach_add, _foreach_add_, _foreach_mul_ (SGD's step on an accelerator)",
+    "raysim.toolkit.distill": "torch.nn.modules.batchnorm._BatchNorm (torch_internals.is_batch_norm is its door)",
+    "raysim.toolkit.batched": "nn.modules.batchnorm._BatchNorm (torch_internals.is_batch_norm is its door)",
+}
+#: attributes of Ray's and PyTorch's objects that are theirs alone (a module's state dicts, Ray's node)
+PRIVATE_ATTRIBUTES = frozenset(
+    {
+        "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_state_dict_hooks",
+        "_state_dict_pre_hooks", "_save_to_state_dict", "_load_from_state_dict", "_apply",
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_global_node", "_ray_params",
+        "_session_dir", "_node_id", "_get_unused_port", "_webui_url", "_initialize_global_state",
+        "_get_gcs_client_options", "all_processes", "kill_all_processes",
+    }
+)  # fmt: skip
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def private_uses(path: Path) -> list[str]:
+    """The private Ray and PyTorch names ``path`` uses: imports of a private module of theirs (or of
+    Ray's generated protocol), attributes of ``ray`` or ``torch`` with a private part, the private
+    attributes of their objects (:data:`PRIVATE_ATTRIBUTES`), and Ray's undocumented settings
+    (``RAY_`` then a lower-case name) and private loggers named in strings."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name):
+                names = [".".join([value.id, *reversed(chain)])]
+            if node.attr in PRIVATE_ATTRIBUTES and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                out.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if (text.startswith("RAY_") and text[4:5].islower()) or text.startswith("ray._private"):
+                out.append(f"{path.name}:{node.lineno}: {text!r}")
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("ray", "torch", "nn") and (any(_private(p) for p in parts) or name.startswith("ray.core.generated")):
+                out.append(f"{path.name}:{node.lineno}: {name}")
+    return sorted(set(out))
+
+
+def test_only_the_internals_modules_use_ray_and_pytorch_internals():
+    """Every use of a private Ray or PyTorch API is in one of :data:`INTERNALS` (or listed in
+    :data:`NOT_YET`), where it has its reason, version and fallback and the switch turns it off."""
+    found = {name: private_uses(path) for name, path in modules().items() if name not in INTERNALS}
+    assert {name: uses for name, uses in found.items() if uses and name not in NOT_YET} == {}
+    assert all(found[name] for name in NOT_YET), "moved behind the door: drop it from NOT_YET"
+    assert all(private_uses(modules()[name]) for name in INTERNALS)  # the check sees what they use
+
+
+def test_a_private_use_is_found(tmp_path):
+    code = (
+        "import torch\nfrom ray._private import services\nfrom ray.core.generated import common_pb2\n"
+        "torch._foreach_copy_(a, b)\nm._parameters\nos.environ['RAY_worker_niceness'] = '0'\n"
+        "self._parameters\ntorch.nn.Linear\n"
+    )
+    (tmp_path / "m.py").write_text(code)
+    assert {u.split(": ", 1)[1] for u in private_uses(tmp_path / "m.py")} == {
+        "ray._private", "ray._private.services", "ray.core.generated", "ray.core.generated.common_pb2",
+        "torch._foreach_copy_", "._parameters", "'RAY_worker_niceness'",
+    }  # fmt: skip

@@ -53,6 +53,7 @@ from raysim.engine.executors.schedule import (
     plan_round,
 )
 from raysim.engine.experiment import Experiment
+from raysim.internals import internals_on
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.toolkit.aggregate import upload_coefficients
 from raysim.wire import ClientStats, Job
@@ -130,6 +131,7 @@ class RayExecutor:
         of its own meanwhile) and set the actors up on it. Where the data fails, its error is the
         one raised."""
         cfg = experiment.cfg
+        internals_on()  # a mistyped RAYSIM_INTERNALS refused before Ray starts or the data is asked for
         started = False
         pool: WorkerPool | None = None
         try:

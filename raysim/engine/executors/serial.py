@@ -17,6 +17,7 @@ from raysim.engine.executors.evaluation import (
     validation_target,
 )
 from raysim.engine.experiment import Experiment
+from raysim.internals import internals_on
 from raysim.records import EvalReport, RoundStats, Snapshot
 from raysim.wire import ClientStats, JobResult
 
@@ -43,6 +44,7 @@ class SerialExecutor:
 
     @classmethod
     def start(cls, experiment: Experiment, load_data: DataLoader) -> SerialExecutor:
+        internals_on()  # a mistyped RAYSIM_INTERNALS refused before the data is asked for
         return cls(experiment, load_data())
 
     def train_round(self, rnd: int, sampled: Sequence[int] | None = None) -> RoundStats:

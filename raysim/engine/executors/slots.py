@@ -1,14 +1,14 @@
 """A client worker's job slots: it trains several independent jobs at once.
 
-On a CPU, a small network's convolutions scale poorly over intra-op threads: two one-thread jobs side
-by side do more per second than one job on two threads (issue 16 measured 10-50 % more on
-``cnn3p2_fmnist``). So a worker with ``cfg.worker_jobs`` slots holds that many
-:class:`~raysim.engine.client.ClientRuntime` s, each with its own model and the algorithm's client side, all
-sharing the clients' memories (one dict: a client's memory lives on its worker, whichever slot trains
-it). A round's jobs for this worker run in threads of their own, each on ``cfg.train_threads``
-intra-op threads, so a job's numbers are the ones it gives anywhere else (docs/design.md: the thread
-count is part of the numbers). Jobs that share a client run in the order given; the others start
-longest first as slots free up.
+On a CPU, a small network's convolutions scale poorly over intra-op threads: two one-thread jobs
+side by side do more per second than one job on two threads (10-50 % more on ``cnn3p2_fmnist``). So
+a worker with ``cfg.worker_jobs`` slots holds that many :class:`~raysim.engine.client.ClientRuntime`
+s, each with its own model and the algorithm's client side, all sharing the clients' memories (one
+dict: a client's memory lives on its worker, whichever slot trains it). A round's jobs for this
+worker run in threads of their own, each on ``cfg.train_threads`` intra-op threads, so a job's
+numbers are the ones it gives anywhere else (docs/design.md: the thread count is part of the
+numbers). Jobs that share a client run in the order given; the others start longest first as slots
+free up.
 
 With one slot everything runs in the caller's thread, as before.
 """
