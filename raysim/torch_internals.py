@@ -22,7 +22,10 @@ __all__ = [
     "CHECKED_ON",
     "USES",
     "Held",
+    "foreach_add",
+    "foreach_add_",
     "foreach_copy_",
+    "foreach_mul_",
     "is_batch_norm",
     "plain_state",
     "registrations",
@@ -40,6 +43,8 @@ USES = (
     "state_dict's order and contents (plain_state)",
     "Module._apply replacing tensors in those dicts without a registration (still_held)",
     "torch._foreach_copy_(dst, src) (foreach_copy_)",
+    "torch._foreach_add, _foreach_add_, _foreach_mul_: SGD's step on an accelerator (foreach_add, "
+    "foreach_add_, foreach_mul_)",
     "torch.nn.modules.batchnorm._BatchNorm, the base of every batch-norm layer (is_batch_norm)",
 )
 
@@ -125,6 +130,40 @@ def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         return
     for d, s in zip(dst, src, strict=True):
         d.copy_(s)
+
+
+def _foreach(name: str) -> object | None:
+    return getattr(torch, name, None) if internals_on() else None
+
+
+def foreach_add(xs: list[torch.Tensor], ys: list[torch.Tensor], alpha: float) -> list[torch.Tensor]:
+    """``[x + alpha * y]`` for every pair, in one call: ``torch._foreach_add``, a few kernel launches
+    for a whole model on an accelerator (as ``torch.optim.SGD`` does there). Off, or without it: one
+    ``add`` per tensor (the same operation on the same values)."""
+    f = _foreach("_foreach_add")
+    if callable(f):
+        return list(f(xs, ys, alpha=alpha))
+    return [x.add(y, alpha=alpha) for x, y in zip(xs, ys, strict=True)]
+
+
+def foreach_add_(xs: list[torch.Tensor], ys: list[torch.Tensor], alpha: float) -> None:
+    """``x += alpha * y`` in place for every pair: ``torch._foreach_add_``; off, one ``add_`` each."""
+    f = _foreach("_foreach_add_")
+    if callable(f):
+        f(xs, ys, alpha=alpha)
+        return
+    for x, y in zip(xs, ys, strict=True):
+        x.add_(y, alpha=alpha)
+
+
+def foreach_mul_(xs: list[torch.Tensor], scalar: float) -> None:
+    """``x *= scalar`` in place for every tensor: ``torch._foreach_mul_``; off, one ``mul_`` each."""
+    f = _foreach("_foreach_mul_")
+    if callable(f):
+        f(xs, scalar)
+        return
+    for x in xs:
+        x.mul_(scalar)
 
 
 #: the batch-norm layers public PyTorch names, for :func:`is_batch_norm` without the internals

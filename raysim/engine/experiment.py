@@ -29,6 +29,7 @@ from raysim.deployment.model import check as check_deployment
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.engine.targets import check_target
 from raysim.errors import ConfigError
+from raysim.internals import internals_on
 from raysim.plugins import load_plugins
 from raysim.registry import (
     ALGORITHMS,
@@ -229,6 +230,7 @@ def _check_output(cfg: ExperimentConfig) -> None:
 
 
 def _check_ray(cfg: ExperimentConfig) -> None:
+    internals_on()  # a mistyped RAYSIM_INTERNALS is refused here, before any work
     if cfg.ray.cpus_per_worker == 0 and cfg.ray.gpus_per_worker == 0:
         raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
 

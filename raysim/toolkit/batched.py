@@ -27,6 +27,7 @@ from torch import nn
 
 from raysim.models import SplitModel, parameters_of
 from raysim.toolkit.train import Batch, LossFn, SGDConfig, set_trainable
+from raysim.torch_internals import is_batch_norm
 
 
 class _Loss(nn.Module):
@@ -44,7 +45,7 @@ class _Loss(nn.Module):
 def why_not_batchable(model: SplitModel) -> str | None:
     """Why ``model`` cannot be trained batched (a sentence), or None."""
     for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+        if is_batch_norm(m):
             return "Its model has BatchNorm layers, whose statistics one batched step cannot keep per client."
         if isinstance(m, nn.Dropout) and m.p > 0:
             return "Its model has dropout, whose random masks would not be the ones of one-by-one training."

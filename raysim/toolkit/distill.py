@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from raysim.models import SplitModel
 from raysim.toolkit.features import representation
 from raysim.toolkit.train import LossFn, proximal_term
+from raysim.torch_internals import is_batch_norm
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,7 @@ def as_teacher(model: SplitModel) -> SplitModel:
     loaded anew for every job."""
     model.eval()
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+        if is_batch_norm(m):
             m.train()
     return model
 

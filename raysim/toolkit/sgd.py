@@ -10,8 +10,8 @@ Why not ``torch.optim.SGD`` itself (start-up): the first optimizer a process bui
 imports it on first use), about a second of every worker's and the server's start-up on this
 machine's cores, for a compiler raysim does not use. The step also skips the optimizer's per-step
 bookkeeping (param groups, state dicts, hooks), which is per-job overhead for the small models of
-federated experiments. On an accelerator the step runs as ``torch._foreach_*`` calls (a few kernel
-launches for the whole model, as ``torch.optim.SGD`` defaults to there); on the CPU per tensor (as
+federated experiments. On an accelerator the step runs as foreach calls (``raysim.torch_internals``: a few
+kernel launches for the whole model, as ``torch.optim.SGD`` defaults to there); on the CPU per tensor (as
 ``torch.optim.SGD`` does there): the same operations either way.
 """
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
+
+from raysim.torch_internals import foreach_add, foreach_add_, foreach_mul_
 
 
 class SGD:
@@ -77,19 +79,19 @@ class SGD:
 
     def _step_foreach(self, live: list[int], params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         if self.weight_decay != 0:
-            grads = list(torch._foreach_add(grads, params, alpha=self.weight_decay))
+            grads = foreach_add(grads, params, self.weight_decay)
         if self.momentum != 0:
             old = [i for i in live if self.buffers[i] is not None]
             if old:
                 at = {i: k for k, i in enumerate(live)}
                 bufs: list[torch.Tensor] = [self.buffers[i] for i in old]  # type: ignore[misc]
-                torch._foreach_mul_(bufs, self.momentum)
-                torch._foreach_add_(bufs, [grads[at[i]] for i in old], alpha=1)
+                foreach_mul_(bufs, self.momentum)
+                foreach_add_(bufs, [grads[at[i]] for i in old], 1)
             for k, i in enumerate(live):
                 if self.buffers[i] is None:
                     self.buffers[i] = grads[k].detach().clone()
                 grads[k] = self.buffers[i]  # type: ignore[assignment]
-        torch._foreach_add_(params, grads, alpha=-self.lr)
+        foreach_add_(params, grads, -self.lr)
 
     def momentum_buffers(self) -> tuple[torch.Tensor, ...]:
         """Every parameter's momentum buffer, in order; empty unless every parameter has one."""

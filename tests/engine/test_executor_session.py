@@ -121,12 +121,12 @@ def test_a_starting_ray_asks_for_its_node_once_the_raylet_has_registered(ray_loc
     GCS lists the node alive, and for a node it does not list, after the poll's timeout."""
     import ray
 
-    from raysim.engine.executors.session import _when_registered
+    from raysim.engine.executors.ray_internals import when_registered
 
     address = ray.get_runtime_context().gcs_address
     node = ray.get_runtime_context().get_node_id()
     calls: list[tuple[str, str]] = []
-    get_node = _when_registered(lambda a, n: calls.append((a, n)) or "the node's info", timeout_s=2.0)
+    get_node = when_registered(lambda a, n: calls.append((a, n)) or "the node's info", timeout_s=2.0)
     t = time.monotonic()
     assert get_node(address, node) == "the node's info"
     registered = time.monotonic() - t

@@ -160,11 +160,7 @@ def test_the_layers_are_raysims_packages():
 #: RAYSIM_INTERNALS (raysim/internals.py)
 INTERNALS = {"raysim.engine.executors.ray_internals", "raysim.torch_internals"}
 #: private uses not yet moved behind that door, with what they are
-NOT_YET = {
-    "raysim.toolkit.sgd": "torch._foreach_add, _foreach_add_, _foreach_mul_ (SGD's step on an accelerator)",
-    "raysim.toolkit.distill": "torch.nn.modules.batchnorm._BatchNorm (torch_internals.is_batch_norm is its door)",
-    "raysim.toolkit.batched": "nn.modules.batchnorm._BatchNorm (torch_internals.is_batch_norm is its door)",
-}
+NOT_YET: dict[str, str] = {}
 #: attributes of Ray's and PyTorch's objects that are theirs alone (a module's state dicts, Ray's node)
 PRIVATE_ATTRIBUTES = frozenset(
     {

@@ -160,7 +160,6 @@ def start_ray(cfg: ExperimentConfig) -> bool:
 
 
 #: where ``tests/engine/test_executor_session.py`` reads it (:func:`ray_internals.when_registered`)
-_when_registered = ray_internals.when_registered
 
 
 def joined_cluster() -> bool:
