@@ -1,4 +1,4 @@
-"""raysim's Python API (issue 17): ``raysim.run``, ``raysim.sweep``, ``raysim.load``.
+"""raysim's Python API: ``raysim.run``, ``raysim.sweep``, ``raysim.load``.
 
 ::
 
@@ -145,13 +145,20 @@ def run(
     *,
     set: Mapping[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the name of the --set flag
     callbacks: Sequence[Callback] = (),
+    log: str | Sequence[str] | None = None,
+    tracking_uri: str | None = None,
     **flags: Any,
 ) -> Result:
-    """Run one experiment (see the module docstring for the settings); ``callbacks`` see every
-    round and evaluation (:class:`raysim.results.output.Callback`). Returns its :class:`Result`."""
+    """Run one experiment (see the module docstring for the settings). ``callbacks`` are told
+    every round and evaluation, and may add metrics to the round's row and stop the run
+    (:class:`raysim.results.output.Callback`, :class:`~raysim.results.output.Reply`); ``log``
+    names experiment trackers (``"mlflow,wandb"`` or a list, as ``--log``) and ``tracking_uri``
+    MLflow's server (``--tracking-uri``). Returns its :class:`Result`."""
     from raysim.engine.runner import run_experiment
     from raysim.plugins import used_plugins
 
+    tracking = {"output.log": log, "output.tracking_uri": tracking_uri}
+    set = {**settings_of(set), **{k: v for k, v in tracking.items() if v is not None}}
     exp = checked_experiment(config, set=set, **flags)
     cfg = dataclasses.replace(exp.cfg, plugins=used_plugins(exp.cfg))
     exp = dataclasses.replace(exp, cfg=cfg)

@@ -68,6 +68,30 @@ def setting(
     return field(default=default, metadata={"bounds": Bounds(at_least, above, at_most, below, hint)})
 
 
+def names_setting() -> Any:
+    """A dataclass field holding a list of names (``--log mlflow,wandb``), empty by default: an
+    empty item and a name given twice are refused (:func:`check_names`); which names are allowed
+    is its type's (``tuple[Literal[...], ...]``) or its registry's."""
+    return field(default=(), metadata={"names": True})
+
+
+def check_names(value: Any, where: str) -> None:
+    """A list of names as given (``a,b`` or a list): refuse an empty item and a name given twice."""
+    items = value.strip("()[] ").split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        return  # not a list: the type's own check says so
+    if isinstance(value, str) and not value.strip("()[] "):
+        return  # an empty list
+    seen: set[str] = set()
+    for item in items:
+        name = str(item).strip()
+        if not name:
+            raise ConfigError(f"{where} has an empty item in {value!r}; give names separated by single commas.")
+        if name in seen:
+            raise ConfigError(f"{where} names {name!r} twice; give each once.")
+        seen.add(name)
+
+
 @dataclass(frozen=True)
 class SyntheticConfig:
     """The ``synthetic`` dataset: class-conditional Gaussians shaped as small images.
@@ -87,7 +111,7 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Dataset, partition and local test sets (ALGORITHMS.md, "Data")."""
+    """Dataset, partition and local test sets (docs/usage.md, "Data")."""
 
     dataset: str = "fmnist"  # a name in raysim.registry.DATASETS
     data_dir: str | None = None  # where the dataset's files are (or are downloaded to)
@@ -115,7 +139,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Local training: SGD and the learning-rate schedule (ALGORITHMS.md, "Training defaults")."""
+    """Local training: SGD and the learning-rate schedule (docs/usage.md, "Settings")."""
 
     local_epochs: int = setting(5, at_least=0)
     batch_size: int = setting(40, at_least=1)
@@ -138,7 +162,7 @@ class TrainConfig:
     #: a client then trains on full batches only, and one with fewer samples than a batch not at all
     drop_last: bool = False
     #: convolution kernels (and so activations) in PyTorch's channels-last memory format: faster
-    #: convolutional training on CPU (issue 29, docs/benchmarks.md). False: NCHW, the layout of every run
+    #: convolutional training on CPU (docs/benchmarks.md). False: NCHW, the layout of every run
     #: up to commit 751e35a, whose numbers it gives to the bit (the layouts' kernels sum in
     #: different orders: the same model to float rounding, not to the bit)
     channels_last: bool = True
@@ -179,6 +203,8 @@ class EvalConfig:
     target: float | None = setting(None, above=0, at_most=1, hint="an accuracy is a fraction: 0.8 for 80%")
     #: the accuracy ``target`` reads; auto: lm_ptest for an algorithm with personal models, else gm_gtest
     target_metric: Literal["auto", "gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest"] = "auto"
+    #: end the run after the first evaluation that reaches ``target`` (its summary written)
+    stop_at_target: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,7 +301,7 @@ class RayConfig:
     #: jobs a client worker trains at once, each in a thread of its own on ``train.threads`` intra-op
     #: threads (independent jobs only: two jobs of one client run in order); None: a CPU worker
     #: ``floor(cpus_per_worker / threads)`` (at least 1), a GPU worker 1. Small convolutions scale
-    #: poorly over intra-op threads, so two one-thread jobs beat one two-thread job (issue 16)
+    #: poorly over intra-op threads, so two one-thread jobs beat one two-thread job (docs/design.md, "Job slots")
     jobs_per_worker: int | None = setting(None, at_least=1)
     object_store_mb: int | None = setting(None, at_least=1)  # local Ray only
     #: client workers that die (a lost node, an OOM kill, ``ray.kill``) are replaced, their clients'
@@ -305,6 +331,16 @@ class OutputConfig:
     progress: bool = True
     #: write RUN_DIR/checkpoint.pkl every k rounds (0: only when stopped by Ctrl-C or a failure)
     checkpoint_every: int = setting(10, at_least=0)
+    #: experiment trackers the run logs to (``--log mlflow,wandb``; raysim.results.trackers): its
+    #: settings, every evaluated round's metrics and its files
+    log: tuple[Literal["mlflow", "wandb"], ...] = names_setting()
+    #: MLflow's tracking server (``--tracking-uri``); None: a store in the run directory (RUN_DIR/mlruns)
+    tracking_uri: str | None = None
+    #: what groups runs in the trackers (MLflow's experiment, W&B's group; a suite's name); None:
+    #: MLflow's experiment "raysim", no W&B group
+    log_group: str | None = None
+    #: callbacks registered by plugins (raysim.plugins.register_callback) that the run is told to
+    callbacks: tuple[str, ...] = names_setting()
 
 
 @dataclass(frozen=True)
@@ -438,6 +474,9 @@ def from_dict(cls: type, data: Mapping[str, Any], where: str = "config") -> Any:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"Unknown setting {_name(f'{where}.{unknown[0]}')} (known: {', '.join(sorted(known))}).")
+    for f in fields(cls):
+        if f.metadata.get("names") and f.name in data:
+            check_names(data[f.name], _name(f"{where}.{f.name}"))
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
     for f in fields(cls):
         bounds = f.metadata.get("bounds")

@@ -14,6 +14,12 @@ them on the command line. A plugin is
 - ``/path/to/script.py``: a script, loaded by its path under a name of its own; in the process where
   the script is ``__main__`` (it ran the experiment) that name refers to ``__main__`` itself, so it
   does not register twice.
+
+A plugin adds callbacks as it adds algorithms: ``register_callback("name", factory)`` (or as a
+decorator), where ``factory(cfg)`` makes the callback (:class:`raysim.results.output.BaseCallback`);
+a run's ``output.callbacks`` (``--set output.callbacks=[name]``) names the ones it runs with, in
+whichever process drives it (a command, a suite's trial), after the callbacks given to
+``raysim.run``.
 """
 
 from __future__ import annotations
@@ -22,17 +28,39 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysim.errors import ConfigError
+from raysim.registry import Registry
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
 
 #: raysim's own modules: never a plugin
 OWN = ("raysim", "algorithms")
+
+#: name -> ``factory(cfg)`` making a callback, for ``output.callbacks``
+CALLBACKS: Registry[Callable[[ExperimentConfig], Any]] = Registry("callback")
+
+
+def register_callback(name: str, factory: Callable[[ExperimentConfig], Any] | None = None) -> Any:
+    """Register ``factory`` (a callback class, or any ``factory(cfg)`` making one) as the callback
+    ``name`` for ``output.callbacks``; without ``factory``, a decorator."""
+    if factory is None:
+        return lambda f: register_callback(name, f)
+    CALLBACKS.register(name, factory)
+    return factory
+
+
+def registered_callbacks(cfg: ExperimentConfig) -> list[Any]:
+    """The callbacks ``cfg``'s ``output.callbacks`` names, made for this run (its plugins imported
+    first); an unknown name is a ConfigError naming the known ones."""
+    if not cfg.output.callbacks:
+        return []
+    load_plugins(cfg.plugins)
+    return [CALLBACKS.get(name)(cfg) for name in cfg.output.callbacks]
 
 
 def script_module_name(path: str | Path) -> str:
@@ -146,6 +174,7 @@ def used_plugins(cfg: ExperimentConfig) -> tuple[str, ...]:
     mode = cfg.data.test_mode.split(":")[0]
     if mode in TEST_MODES:
         code.append(TEST_MODES.get(mode).build)
+    code.extend(CALLBACKS.get(name) for name in cfg.output.callbacks if name in CALLBACKS)
     out = list(cfg.plugins)
     for obj in code:
         try:
@@ -159,4 +188,4 @@ def used_plugins(cfg: ExperimentConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
-__all__ = ["load_plugins", "plugin_of", "script_module_name", "used_plugins"]
+__all__ = ["CALLBACKS", "load_plugins", "plugin_of", "register_callback", "registered_callbacks", "script_module_name", "used_plugins"]

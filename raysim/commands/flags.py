@@ -1,5 +1,6 @@
 """The flag parser the commands share: the settings' flags from :data:`raysim.keywords.FLAGS`
-(``--local-epochs``), ``--no-*`` switches and ``--set key=value``."""
+(``--local-epochs``), ``--no-*`` switches, the trackers' ``--log`` and ``--tracking-uri``, and
+``--set key=value``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ def add_setting_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = (),
     p.add_argument("--no-download", action="store_true", help="never download a dataset (offline)")
     p.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
     p.add_argument(
+        "--log", metavar="TRACKER[,TRACKER]", default=None,
+        help="also log to these experiment trackers: mlflow, wandb (e.g. --log mlflow,wandb; "
+        "pip install 'raysim[tracking]')",
+    )  # fmt: skip
+    p.add_argument(
+        "--tracking-uri", metavar="URI", default=None,
+        help="MLflow's tracking server (default: a store in the run directory, RUN_DIR/mlruns)",
+    )  # fmt: skip
+    p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE" + ("[,VALUE...]" if grid else ""),
         help="any setting, e.g. train.momentum=0.5 or algo.mu=0.1",
     )  # fmt: skip
@@ -50,6 +60,10 @@ def given_settings(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> l
         given.append(("data.download", False))
     if args.no_tensorboard:
         given.append(("output.tensorboard", False))
+    if args.log is not None:  # one value, a list (in a sweep too: the trackers are not a grid)
+        given.append(("output.log", [] if not args.log.strip() else args.log.split(",")))
+    if args.tracking_uri is not None:
+        given.append(("output.tracking_uri", args.tracking_uri))
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:

@@ -34,6 +34,8 @@ RESUMABLE = (
     "output.progress",
     "output.tensorboard",
     "output.checkpoint_every",
+    "output.log",
+    "output.tracking_uri",
 )
 
 

@@ -44,6 +44,7 @@ from raysim.registry import (
     parse_partition,
     parse_test_mode,
 )
+from raysim.results.trackers import check_trackers
 
 
 def algorithm_class(name: str) -> type[AlgorithmHooks]:
@@ -231,6 +232,7 @@ def _check_output(cfg: ExperimentConfig) -> None:
 
 def _check_ray(cfg: ExperimentConfig) -> None:
     internals_on()  # a mistyped RAYSIM_INTERNALS is refused here, before any work
+    check_trackers(cfg)  # output.log and its settings, and the trackers' packages
     if cfg.ray.cpus_per_worker == 0 and cfg.ray.gpus_per_worker == 0:
         raise ConfigError("A client worker needs a share of a CPU or of a GPU.")
 

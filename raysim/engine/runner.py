@@ -1,7 +1,14 @@
 """The round loop: the only loop over rounds in raysim (docs/design.md, "The flow of one round").
 
     sample clients (seeded) -> executor.train_round (plan on the server, jobs on the workers,
-    aggregate on the server) -> every k rounds executor.evaluate -> callbacks
+    aggregate on the server) -> callbacks' on_round -> every k rounds executor.evaluate ->
+    callbacks' on_eval
+
+Everything else a run does is a callback (:mod:`raysim.results.output`), told in order: the run's
+own measures (:class:`~raysim.engine.targets.TimeBudget`, :class:`~raysim.engine.targets.TargetTracker`,
+:class:`~raysim.results.features.FeatureExport`), the user's, and the writers (the tables,
+TensorBoard, the trackers, :class:`Checkpointer`). Any of them may add metrics to the round's row
+and stop the run after the round.
 
 Everything that can be wrong with the input and be known without the data is checked
 (:func:`raysim.engine.experiment.validate`) before any work starts. The runner knows no executor by name and
@@ -29,12 +36,22 @@ from raysim.data import FederatedData, build_federated_data
 from raysim.data.loading import DataLoad
 from raysim.engine.executors.base import Executor
 from raysim.engine.experiment import Experiment, validate
-from raysim.engine.targets import target_metric
+from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
-from raysim.records import EvalReport, RunTotals
+from raysim.plugins import registered_callbacks
+from raysim.records import EvalReport, RoundStats, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
-from raysim.results.output import Callback, TableWriter, TensorBoardWriter, default_run_dir
+from raysim.results.output import (
+    BaseCallback,
+    Callback,
+    Callbacks,
+    Reply,
+    TableWriter,
+    TensorBoardWriter,
+    default_run_dir,
+)
+from raysim.results.trackers import check_trackers, trackers
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +182,8 @@ def start(
     thread of its own while the executor starts its cluster). ``on_data(data)`` is called when the
     executor asks for the data: a Ray executor asks once Ray is up and its client workers' actors
     are created, so that side work (:class:`SideWork`, e.g. the run's partition picture) runs beside
-    the workers' start, not beside Ray's own (issue 29: drawn beside ``ray.init``, the picture's CPU
-    slowed it, and with it the start of the workers' processes)."""
+    the workers' start, not beside Ray's own (drawn beside ``ray.init``, the picture's CPU slowed
+    it, and with it the start of the workers' processes)."""
     exp = checked(experiment)
     cfg = exp.cfg
     executor_cls = load_ref(EXECUTORS.get(cfg.ray.executor).cls)
@@ -210,14 +227,59 @@ def run_experiment(
     data: FederatedData | None = None,
     resume: Checkpoint | None = None,
 ) -> RunResult:
-    """Run the experiment from round 1 (or on from the checkpoint ``resume``) to its last round;
-    write the run directory, with a checkpoint every ``output.checkpoint_every`` rounds and when
-    stopped by Ctrl-C or a failure; return the metrics. A bare config is checked here; an
-    :class:`Experiment` (from :func:`raysim.engine.experiment.validate`) was checked already."""
+    """Run the experiment from round 1 (or on from the checkpoint ``resume``) to its last round, or
+    until a callback stops it (:class:`~raysim.results.output.Reply`); write the run directory, with
+    a checkpoint every ``output.checkpoint_every`` rounds and when stopped by Ctrl-C or a failure;
+    return the metrics. ``callbacks`` are told after the run's own measures (the target, the
+    features) and before its writers (the tables, TensorBoard, the trackers, the checkpoints), so
+    that the metrics they reply are written. A bare config is checked here; an :class:`Experiment`
+    (from :func:`raysim.engine.experiment.validate`) was checked already."""
     t0 = time.perf_counter()
     origin = startup_origin(time.time())
     exp = checked(experiment)
-    cfg = exp.cfg
+    users = Callbacks([*callbacks, *registered_callbacks(exp.cfg)]).callbacks  # checked before any work
+    run_dir = _run_dir(exp.cfg, resume)
+    picture = SideWork(picture_partition(exp.cfg, run_dir))
+    try:
+        executor = start(exp, data, picture)
+    except BaseException:
+        picture.wait()
+        raise
+    loop = Loop.of(exp, executor, run_dir, resume)
+    loop.callbacks = Callbacks(in_order(exp, loop, users, resume))
+    setup_time, startup, shutdown = time.perf_counter() - t0, 0.0, 0.0
+    try:
+        if resume is not None:
+            executor.restore(resume.snapshot)
+            log.info("resumed after round %d of %d", resume.round, exp.cfg.rounds)
+        loop.callbacks.start(exp.cfg, run_dir)
+        first = loop.last_round + 1 if resume else ExtraRounds.of(exp.algorithm).first_round()
+        startup = time.time() - origin
+        loop.run(first)
+    except RunAborted as e:
+        raise RunAborted(f"{e} {_rescue(run_dir, loop.checkpoint)}") from None
+    finally:
+        t_end = time.perf_counter()
+        executor.shutdown()
+        shutdown = time.perf_counter() - t_end
+        picture.wait()
+    history = MetricHistory(loop.rows)
+    result = RunResult(
+        run_dir=run_dir, rows=loop.rows, final=history.final(), best=history.best(),
+        last=history.last(exp.cfg.eval.last_k), last_k=exp.cfg.eval.last_k, totals=loop.totals,
+        setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
+        stopped=loop.interrupted, worker_restarts=executor.restarts,
+    )  # fmt: skip
+    loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
+    return result
+
+
+def _run_dir(cfg: ExperimentConfig, resume: Checkpoint | None) -> Path:
+    """The run's directory (:func:`~raysim.results.output.default_run_dir`); refused in one sentence
+    where ``resume`` is another algorithm's, where the directory holds a finished run that is not
+    being resumed, and where the trackers' settings cannot be
+    (:func:`~raysim.results.trackers.check_trackers`)."""
+    check_trackers(cfg)
     if resume is not None and resume.algo != cfg.algo:
         raise ConfigError(f"The checkpoint is of a {resume.algo} run, not of {cfg.algo}.")
     if resume is None and cfg.output.out and (Path(cfg.output.out).expanduser() / "summary.json").exists():
@@ -225,166 +287,121 @@ def run_experiment(
             f"The run directory {cfg.output.out} holds a finished run; give another --out, or go on "
             f"with it by --resume {cfg.output.out} --rounds N."
         )
-    run_dir = default_run_dir(cfg)
-    picture = SideWork(picture_partition(cfg, run_dir))
-    try:
-        executor = start(exp, data, picture)
-    except BaseException:
-        picture.wait()
-        raise
-    rows: list[dict[str, Any]] = list(resume.rows) if resume else []
-    all_client_rows: list[dict[str, Any]] = list(resume.client_rows) if resume else []
-    writers: list[Callback] = [TableWriter(rows, all_client_rows)]
-    if cfg.output.tensorboard:
-        writers.append(TensorBoardWriter(purge_step=resume.round + 1 if resume else None))
-    all_callbacks = [*writers, *callbacks]
-    totals = dataclasses.replace(resume.totals) if resume else RunTotals()
-    last_round = resume.round if resume else -1
-    stopped = out_of_time = False
+    return default_run_dir(cfg)
 
-    def checkpoint() -> Checkpoint:
-        snapshot = executor.snapshot()
+
+@dataclass
+class Loop:
+    """The round loop and what its rounds share: the run's config, executor and callbacks, the
+    totals and metric rows so far (a resumed run's from its checkpoint), the last round completed,
+    the round's evaluation (None where it was not evaluated) and Ctrl-C's stop request."""
+
+    cfg: ExperimentConfig
+    executor: Executor
+    run_dir: Path
+    #: the algorithm's pass after the last round's training, and whether it has personal models
+    epilogue: bool
+    personal: bool
+    totals: RunTotals
+    rows: list[dict[str, Any]]
+    client_rows: list[dict[str, Any]]
+    last_round: int = -1
+    #: whether the current round is evaluated (known once it is trained), and its evaluation
+    evaluating: bool = False
+    report: EvalReport | None = None
+    callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))
+    ctrl_c: StopRequest = field(default_factory=lambda: StopRequest())
+
+    @classmethod
+    def of(cls, exp: Experiment, executor: Executor, run_dir: Path, resume: Checkpoint | None) -> Loop:
+        cfg = exp.cfg
+        loop = cls(
+            cfg, executor, run_dir, ExtraRounds.of(exp.algorithm).epilogue, exp.algorithm.evaluates_personal(cfg),
+            RunTotals(), [], [],
+        )  # fmt: skip
+        if resume is not None:
+            loop.totals, loop.last_round = dataclasses.replace(resume.totals), resume.round
+            loop.rows, loop.client_rows = list(resume.rows), list(resume.client_rows)
+        return loop
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by Ctrl-C before its last round, with a checkpoint to resume from."""
+        return self.ctrl_c.requested and self.last_round < self.cfg.rounds
+
+    def run(self, first: int) -> None:
+        """Rounds ``first`` to the last (0: the algorithm's prologue), until a callback stops the run."""
+        with self.ctrl_c:
+            for rnd in range(first, self.cfg.rounds + 1):
+                if rnd == 0:  # the prologue: every client, before training (FedFCD, PACFL, FedClust)
+                    self._prologue()
+                else:
+                    self._one_round(rnd)
+                self.last_round = rnd
+                if self.callbacks.stop and rnd < self.cfg.rounds:
+                    if self.interrupted:
+                        log.warning("stopped after round %d; resume with --resume %s", rnd, self.run_dir)
+                    return
+
+    def _prologue(self) -> None:
+        t = time.perf_counter()
+        stats = self.executor.train_round(0, list(range(self.cfg.clients)))
+        self.totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
+        self.executor.end_round(0)
+
+    def _one_round(self, rnd: int) -> None:
+        """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
+        algorithm's ``epilogue`` pass; tell the callbacks ``on_round``; evaluate if due
+        (``eval.every``, the last round, the round that reaches ``deployment.time_budget_s``), add
+        its row to the rows and tell them ``on_eval``. The round is complete (``end_round``) before
+        the callbacks are told of it last: ``on_round`` where it is not evaluated, else ``on_eval``."""
+        cfg, executor = self.cfg, self.executor
+        t = time.perf_counter()
+        stats = executor.train_round(rnd)  # the clients the server samples (all, without a deployment)
+        round_time = time.perf_counter() - t
+        if rnd == cfg.rounds and self.epilogue:
+            # the epilogue: every client, after the last training and before the last evaluation
+            # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
+            t = time.perf_counter()
+            after = executor.train_round(cfg.rounds + 1, list(range(cfg.clients)))
+            self.totals.add_round(after, time.perf_counter() - t, 0.0)
+        self.report, took = None, 0.0
+        self.evaluating = evaluation_due(cfg, rnd) or out_of_time(cfg, stats)
+        if not self.evaluating:
+            executor.end_round(rnd)
+            self.totals.add_round(stats, round_time, 0.0)
+        self.callbacks.round(stats, round_time)
+        if not self.evaluating:
+            return
+        t = time.perf_counter()
+        self.report = executor.evaluate(rnd)
+        if cfg.eval.updated_lm:  # updated_lm_ptest; and lm_ptest, for an algorithm without personal models
+            self.report = with_updated_lm(self.report, stats.updated_lm, as_lm=not self.personal)
+        took = time.perf_counter() - t
+        executor.end_round(rnd)
+        self.totals.add_round(stats, round_time, took)
+        row, per_client = _row(self.report, stats, self.totals, round_time, took, cfg.eval.analyses)
+        self.rows.append(row)
+        self.client_rows.extend(per_client)
+        self.callbacks.eval(rnd, row, per_client)
+
+    def checkpoint(self) -> Checkpoint:
+        """The last completed round's checkpoint."""
+        snapshot = self.executor.snapshot()
         return Checkpoint(
             snapshot=snapshot,
-            rows=[r for r in rows if r["round"] <= snapshot.round],
-            client_rows=[r for r in all_client_rows if r["round"] <= snapshot.round],
-            totals=dataclasses.replace(totals),
-            algo=cfg.algo,
+            rows=[r for r in self.rows if r["round"] <= snapshot.round],
+            client_rows=[r for r in self.client_rows if r["round"] <= snapshot.round],
+            totals=dataclasses.replace(self.totals),
+            algo=self.cfg.algo,
         )
 
-    setup_time = time.perf_counter() - t0
-    startup = shutdown = 0.0
-    try:
-        if resume is not None:
-            executor.restore(resume.snapshot)
-            log.info("resumed after round %d of %d", resume.round, cfg.rounds)
-        for cb in all_callbacks:
-            cb.on_start(cfg, run_dir)
-        extra = ExtraRounds.of(exp.algorithm)
-        first = last_round + 1 if resume else extra.first_round()
-        startup = time.time() - origin
-        with StopRequest() as stop:
-            for rnd in range(first, cfg.rounds + 1):
-                if rnd == 0:  # the prologue: every client, before training (FedFCD, PACFL, FedClust)
-                    t = time.perf_counter()
-                    stats = executor.train_round(0, list(range(cfg.clients)))
-                    totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
-                else:
-                    report, out_of_time = _one_round(
-                        cfg,
-                        executor,
-                        rnd,
-                        all_callbacks,
-                        rows,
-                        all_client_rows,
-                        totals,
-                        extra.epilogue,
-                        exp.algorithm.evaluates_personal(cfg),
-                    )
-                    if report is not None and report.features:  # eval.features, after the last round
-                        _export_features(cfg, executor.data, report, rnd, run_dir, all_callbacks)
-                executor.end_round(rnd)
-                last_round = rnd
-                every = cfg.output.checkpoint_every
-                if stop.requested or (every > 0 and rnd > 0 and rnd % every == 0):
-                    checkpoint_mod.save(run_dir, checkpoint())
-                if rnd > 0 and out_of_time:  # deployment.time_budget_s: the clock reached it
-                    log.info("the simulated clock reached %.6g s after round %d: the run's budget", totals.sim_time_s, rnd)
-                    break
-                if stop.requested and rnd < cfg.rounds:
-                    stopped = True
-                    log.warning("stopped after round %d; resume with --resume %s", rnd, run_dir)
-                    break
-    except RunAborted as e:
-        raise RunAborted(f"{e} {_rescue(run_dir, checkpoint)}") from None
-    finally:
-        t_end = time.perf_counter()
-        executor.shutdown()
-        shutdown = time.perf_counter() - t_end
-        picture.wait()
-    history = MetricHistory(rows)
-    result = RunResult(
-        run_dir=run_dir,
-        rows=rows,
-        final=history.final(),
-        best=history.best(),
-        last=history.last(cfg.eval.last_k),
-        last_k=cfg.eval.last_k,
-        totals=totals,
-        setup_time_s=setup_time,
-        startup_s=startup,
-        shutdown_s=shutdown,
-        last_round=max(last_round, 0),
-        stopped=stopped,
-        worker_restarts=executor.restarts,
-    )
-    summary = {"algo": cfg.algo, **result.summary(), "best_round": history.best_round()}
-    if cfg.eval.target is not None:  # the first evaluation at or above the target, on the simulated clock
-        summary.update(history.reaching(cfg.eval.target, target_metric(cfg, exp.algorithm)))
-    for cb in all_callbacks:
-        cb.on_end(summary)
-    return result
 
-
-def _export_features(
-    cfg: ExperimentConfig,
-    data: FederatedData,
-    report: EvalReport,
-    rnd: int,
-    run_dir: Path,
-    callbacks: Sequence[Callback],
-) -> None:
-    """``eval.features``: the last evaluation's features of the fixed G-Test sample to
-    features.parquet, their t-SNE to features_tsne.png and to the callbacks that take pictures
-    (TensorBoard's ``features/tsne``); :mod:`raysim.results.features`."""
-    from raysim.results.features import feature_rows, feature_sample, write_features
-
-    sample = feature_sample(cfg, len(data.gtest))
-    rows = feature_rows(rnd, sample, data.gtest.y[sample], report.features)
-    picture = write_features(run_dir, rows, cfg.seed)
-    for cb in callbacks:
-        on_image = getattr(cb, "on_image", None)
-        if on_image is not None:
-            on_image("features/tsne", picture, rnd)
-
-
-def _one_round(
-    cfg: ExperimentConfig,
-    executor: Executor,
-    rnd: int,
-    callbacks: Sequence[Callback],
-    rows: list[dict[str, Any]],
-    all_client_rows: list[dict[str, Any]],
-    totals: RunTotals,
-    epilogue: bool,
-    personal: bool,
-) -> tuple[EvalReport | None, bool]:
-    """Train round ``rnd`` (validated in it, if the algorithm asks), and after the last the
-    algorithm's ``epilogue`` pass; evaluate if due; add the round to ``totals``. Returns the
-    evaluation, if there was one, and whether the simulated clock reached the run's time budget
-    (``deployment.time_budget_s``: the round is then the run's last, and evaluated)."""
-    t = time.perf_counter()
-    stats = executor.train_round(rnd)  # the clients the server samples (all, without a deployment)
-    round_time = time.perf_counter() - t
-    budget = cfg.deployment.time_budget_s
-    out_of_time = budget is not None and stats.sim_clock_s >= budget
-    if rnd == cfg.rounds and epilogue:
-        # the epilogue: every client, after the last training and before the last evaluation
-        # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
-        t = time.perf_counter()
-        after = executor.train_round(cfg.rounds + 1, list(range(cfg.clients)))
-        totals.add_round(after, time.perf_counter() - t, 0.0)
-    for cb in callbacks:
-        cb.on_round(stats, round_time)
-    if not evaluation_due(cfg, rnd) and not out_of_time:
-        totals.add_round(stats, round_time, 0.0)
-        return None, False
-    t = time.perf_counter()
-    report = executor.evaluate(rnd)
-    if cfg.eval.updated_lm:  # updated_lm_ptest; and lm_ptest, for an algorithm without personal models
-        report = with_updated_lm(report, stats.updated_lm, as_lm=not personal)
-    took = time.perf_counter() - t
-    totals.add_round(stats, round_time, took)
+def _row(
+    report: EvalReport, stats: RoundStats, totals: RunTotals, round_time: float, took: float, analyses: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An evaluated round's row of metrics.parquet and its clients' rows of clients.parquet."""
+    rnd = stats.rnd
     row: dict[str, Any] = {"round": rnd, **summarize(report)}
     row.update(
         train_loss=stats.train_loss,
@@ -399,9 +416,8 @@ def _one_round(
         updates_late=totals.updates_late,
         **dict(stats.scalars),
     )
-    rows.append(row)
     per_client = client_rows(rnd, report)
-    if cfg.eval.analyses:  # the round's local models (raysim.results.analysis), beside the global model's
+    if analyses:  # the round's local models (raysim.results.analysis), beside the global model's
         from raysim.results.analysis import ANALYSIS_COLUMNS, mean_over_clients
 
         local = dict(stats.client_analyses)
@@ -409,10 +425,51 @@ def _one_round(
         for r in per_client:
             r.update(local.get(r["client"], dict.fromkeys(keys)))
         row.update(mean_over_clients(list(local.values()), keys))
-    all_client_rows.extend(per_client)
-    for cb in callbacks:
-        cb.on_eval(rnd, row, per_client)
-    return report, out_of_time
+    return row, per_client
+
+
+class Checkpointer(BaseCallback):
+    """``RUN_DIR/checkpoint.pkl`` after every ``output.checkpoint_every``-th round and after the
+    round in which Ctrl-C was pressed, which it then stops the run after (a Ctrl-C in the prologue
+    stops after round 1). Told last, once the round is complete and its row too: at ``on_eval``
+    for an evaluated round, else at ``on_round``."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def on_round(self, stats: RoundStats, round_time: float) -> Reply | None:
+        return None if self.loop.evaluating else self._save(stats.rnd)
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> Reply | None:
+        return self._save(rnd)
+
+    def _save(self, rnd: int) -> Reply | None:
+        every, stop = self.loop.cfg.output.checkpoint_every, self.loop.ctrl_c.requested
+        if stop or (every > 0 and rnd % every == 0):
+            checkpoint_mod.save(self.loop.run_dir, self.loop.checkpoint())
+        return Reply(stop=True) if stop else None
+
+
+def in_order(exp: Experiment, loop: Loop, users: Sequence[Callback], resume: Checkpoint | None) -> list[Callback]:
+    """The run's callbacks in the order they are told: its own measures (the time budget, the
+    target, the features), the ``users``' callbacks, the writers (the tables and summary.json,
+    TensorBoard, the trackers of ``output.log``), the users' callbacks told after the writers
+    (:attr:`~raysim.results.output.BaseCallback.told_after_writers`), and last the checkpoints."""
+    cfg, out = loop.cfg, list[Callback]()
+    if cfg.deployment.time_budget_s is not None:
+        out.append(TimeBudget(cfg))
+    if cfg.eval.target is not None:
+        out.append(TargetTracker(cfg, exp.algorithm, loop.rows))
+    if cfg.eval.features:
+        from raysim.results.features import FeatureExport
+
+        out.append(FeatureExport(lambda: loop.executor.data.gtest.y, lambda: loop.report))
+    late = [cb for cb in users if getattr(cb, "told_after_writers", False)]
+    out.extend(cb for cb in users if cb not in late)
+    out.append(TableWriter(resume.rows, resume.client_rows) if resume else TableWriter())
+    if cfg.output.tensorboard:
+        out.append(TensorBoardWriter(purge_step=resume.round + 1 if resume else None))
+    return [*out, *trackers(cfg), *late, Checkpointer(loop)]
 
 
 def _rescue(run_dir: Path, checkpoint: Callable[[], Checkpoint]) -> str:
@@ -434,4 +491,4 @@ def _rescue(run_dir: Path, checkpoint: Callable[[], Checkpoint]) -> str:
     return f"The last checkpoint in {run_dir} is of round {on_disk.round}; {resume_hint}"
 
 
-__all__ = ["ConfigError", "RunAborted", "RunResult", "StopRequest", "prepare", "run_experiment", "start"]
+__all__ = ["Checkpointer", "ConfigError", "Loop", "in_order", "RunAborted", "RunResult", "StopRequest", "prepare", "run_experiment", "start"]

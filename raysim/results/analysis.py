@@ -1,4 +1,4 @@
-"""FedDr+'s analyses (seed 004, Sec. 2.3 and Figs. 2-5), for any algorithm: ``eval.analyses: true``.
+"""The FedDr+ paper's analyses (Sec. 2.3 and Figs. 2-5), for any algorithm: ``eval.analyses: true``.
 
 They cost an extra forward pass over G-Test for every client trained in an evaluated round (the
 global model's features come from its evaluation pass), so they are off by default. At every evaluated round:

@@ -16,7 +16,7 @@ personal model where the algorithm has one. The run directory gets
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import numpy as np
 
 from raysim import rng
 from raysim.config import ExperimentConfig
+from raysim.records import EvalReport
+from raysim.results.output import BaseCallback, Reply
 
 FEATURES_FILE = "features.parquet"
 TSNE_FILE = "features_tsne.png"
@@ -101,8 +103,34 @@ def write_features(run_dir: Path, rows: Sequence[dict[str, Any]], seed: int) -> 
     return picture
 
 
+class FeatureExport(BaseCallback):
+    """``eval.features``: at the evaluation that carries features (after the last round), writes
+    features.parquet and features_tsne.png, and replies the t-SNE as the image ``features/tsne``
+    (TensorBoard's). ``labels()`` gives G-Test's labels, ``report()`` the round's evaluation (the
+    round loop's)."""
+
+    def __init__(self, labels: Callable[[], np.ndarray], report: Callable[[], EvalReport | None]) -> None:
+        self.labels, self.report = labels, report
+        self.cfg: ExperimentConfig | None = None
+        self.run_dir = Path(".")
+
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> Reply | None:
+        self.cfg, self.run_dir = cfg, run_dir
+        return None
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> Reply | None:
+        report = self.report()
+        if report is None or not report.features or self.cfg is None:
+            return None
+        labels = self.labels()
+        sample = feature_sample(self.cfg, len(labels))
+        rows = feature_rows(rnd, sample, labels[sample], report.features)
+        return Reply(images={"features/tsne": write_features(self.run_dir, rows, self.cfg.seed)})
+
+
 __all__ = [
     "FEATURES_FILE",
+    "FeatureExport",
     "TSNE_FILE",
     "feature_rows",
     "feature_sample",

@@ -1,4 +1,4 @@
-"""The metrics every algorithm reports (ALGORITHMS.md, "Metrics").
+"""The metrics every algorithm reports (docs/usage.md, "Metrics").
 
 - ``gm_gtest``: the global model on G-Test (the official test set, whole).
 - ``gm_ptest``: the global model on each client's P-Test, averaged over clients.

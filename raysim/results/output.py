@@ -1,4 +1,9 @@
-"""What a run leaves behind, written by callbacks on the runner's loop.
+"""What a run leaves behind, written by callbacks on the runner's loop, and the callbacks' protocol.
+
+A callback (:class:`Callback`, :class:`BaseCallback`) is told of the run's start, each round, each
+evaluation, each picture and the end; a hook may reply (:class:`Reply`) metrics for the round's row
+(or the summary), pictures, and a request to stop the run after the round. :class:`Callbacks` tells
+them in order and gathers their replies.
 
 In the run directory: ``config.yaml`` (the resolved config), ``metrics.parquet`` (a row per evaluated
 round, with the compute so far), ``clients.parquet`` (a row per client per evaluated round),
@@ -13,40 +18,147 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from raysim.config import ExperimentConfig, dump_yaml
+from raysim.errors import ConfigError
 from raysim.files import replaced_atomically
 from raysim.records import RoundStats
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Reply:
+    """What a callback's hook may return; None is an empty reply (nothing to add, no stop).
+
+    ``metrics``: from ``on_round`` and ``on_eval``, columns added to the round's row (the row of
+    metrics.parquet, TensorBoard's scalars, the trackers' metrics) before the callbacks after this
+    one see it, where the round is evaluated (a round's row exists only then); from ``on_end``,
+    entries added to the summary (summary.json). A name the row (or summary) has already is
+    refused. ``stop``: the run ends after this round, cleanly: its summary is written (from
+    ``on_end`` it means nothing). ``images``: pictures the run made, ``tag -> (H, W) or (H, W, 3)
+    uint8``, given to every callback's ``on_image`` at this round."""
+
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    stop: bool = False
+    images: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
 class Callback(Protocol):
-    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None: ...
+    """What the round loop tells (:mod:`raysim.engine.runner`), in the order of the run's list of
+    callbacks: ``on_start`` once the run directory is there; after every round's training
+    ``on_round`` and, if the round is evaluated, ``on_eval`` with its row;
+    ``on_image`` for each picture a callback made; ``on_end`` with the summary. A hook returns
+    None or a :class:`Reply`. Derive a callback from :class:`BaseCallback`, which has every hook."""
 
-    def on_round(self, stats: RoundStats, round_time: float) -> None: ...
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> Reply | None: ...
 
-    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None: ...
+    def on_round(self, stats: RoundStats, round_time: float) -> Reply | None: ...
 
-    def on_end(self, summary: dict[str, Any]) -> None: ...
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> Reply | None: ...
+
+    def on_image(self, tag: str, image: np.ndarray, rnd: int) -> Reply | None: ...
+
+    def on_end(self, summary: dict[str, Any]) -> Reply | None: ...
 
 
 class BaseCallback:
-    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
-        pass
+    """Every hook of :class:`Callback`, each doing nothing."""
 
-    def on_round(self, stats: RoundStats, round_time: float) -> None:
-        pass
+    #: told after the run's writers (the tables, TensorBoard, the trackers) rather than before
+    #: them: a callback that hands each row on and may not return from it (Ray Tune's report,
+    #: where a scheduler stops the trial), so that the row is written first; the metrics it replies
+    #: are then in no table
+    told_after_writers: ClassVar[bool] = False
 
-    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        pass
+    def on_start(self, cfg: ExperimentConfig, run_dir: Path) -> Reply | None:
+        return None
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        pass
+    def on_round(self, stats: RoundStats, round_time: float) -> Reply | None:
+        return None
+
+    def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> Reply | None:
+        return None
+
+    def on_image(self, tag: str, image: np.ndarray, rnd: int) -> Reply | None:
+        return None
+
+    def on_end(self, summary: dict[str, Any]) -> Reply | None:
+        return None
+
+
+HOOKS = ("on_start", "on_round", "on_eval", "on_image", "on_end")
+
+
+class Callbacks:
+    """A run's callbacks, told in order, each hook's replies gathered: what the round loop calls.
+    Every callback is checked to have every hook before the run starts."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        for cb in callbacks:
+            missing = [h for h in HOOKS if not callable(getattr(cb, h, None))]
+            if missing:
+                raise ConfigError(
+                    f"The callback {_named(cb)} has no {missing[0]} hook; derive it from "
+                    "raysim.results.output.BaseCallback, which has every hook."
+                )
+        self.callbacks = list(callbacks)
+        self.stop = False  # a callback asked the run to stop after the current round
+        self.pending: dict[str, Any] = {}  # the metrics replied at the round's on_round
+
+    def start(self, cfg: ExperimentConfig, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for cb in self.callbacks:
+            self._take(cb, "on_start", cb.on_start(cfg, run_dir), {}, 0)
+
+    def round(self, stats: RoundStats, round_time: float) -> None:
+        """``on_round``; the metrics replied are kept for the round's row (if it is evaluated)."""
+        self.pending = {}
+        for cb in self.callbacks:
+            self._take(cb, "on_round", cb.on_round(stats, round_time), self.pending, stats.rnd)
+
+    def eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        """``on_eval``, the metrics replied at ``on_round`` joined to ``row`` first."""
+        for name, value in self.pending.items():
+            if name in row:
+                raise ConfigError(f"A callback's on_round replied a metric {name!r} that is already there.")
+            row[name] = value
+        for cb in self.callbacks:
+            self._take(cb, "on_eval", cb.on_eval(rnd, row, clients), row, rnd)
+
+    def end(self, summary: dict[str, Any]) -> None:
+        for cb in self.callbacks:
+            self._take(cb, "on_end", cb.on_end(summary), summary, summary.get("rounds", 0))
+
+    def _take(self, cb: Callback, hook: str, reply: Reply | None, into: dict[str, Any] | None, rnd: int) -> None:
+        if reply is None:
+            return
+        if not isinstance(reply, Reply):
+            raise ConfigError(
+                f"The callback {_named(cb)}'s {hook} returned {reply!r}; a hook returns None or a "
+                "raysim.results.output.Reply."
+            )
+        for name, value in reply.metrics.items():
+            if into is None:
+                continue  # a round without a row: nothing is written for it
+            if not isinstance(name, str) or not name or name in into:
+                taken = "is already there" if name in into else "is not a name"
+                raise ConfigError(f"The callback {_named(cb)}'s {hook} replied a metric {name!r} that {taken}.")
+            into[name] = value
+        self.stop = self.stop or (reply.stop and hook != "on_end")
+        for tag, image in reply.images.items():
+            for other in self.callbacks:
+                self._take(other, "on_image", other.on_image(tag, image, rnd), None, rnd)
+
+
+def _named(cb: object) -> str:
+    return type(cb).__qualname__
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
@@ -207,7 +319,7 @@ class TensorBoardWriter(BaseCallback):
         self.writer.close()
 
 
-class ProgressBar:
+class ProgressBar(BaseCallback):
     """A tqdm bar over rounds with the latest loss and accuracies."""
 
     def __init__(self, done: int = 0) -> None:

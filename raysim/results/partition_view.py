@@ -1,4 +1,4 @@
-"""The data picture (issue 17): how a partition spreads the labels over the clients.
+"""The data picture: how a partition spreads the labels over the clients.
 
 Every run writes, as it starts, ``partition.png`` (each client's training-label counts as a
 heat map: a column per client, a row per class) and ``partition.parquet`` (a row per client: its
@@ -89,7 +89,7 @@ def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "
     """``counts`` (clients x classes) as a heat map PNG at ``path``: a column per client, a row per
     class (class 0 at the bottom), each cell the colour of its count (:func:`colour_of`; white:
     none), with the axes' ticks, the title and a colour bar. Drawn with Pillow alone: matplotlib's
-    import and layout took about 1.4 s of CPU at every run's start, beside Ray's (issue 16)."""
+    import and layout took about 1.4 s of CPU at every run's start, beside Ray's."""
     from PIL import Image, ImageDraw, ImageFont
 
     counts = np.asarray(counts)

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
@@ -31,6 +31,9 @@ from raysim.suite.spec import (
     trials,
     write_yaml,
 )
+
+if TYPE_CHECKING:
+    from raysim.engine.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ def run_trial(params: dict[str, Any]) -> None:
     name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
     suite_dir = Path(t["suite_dir"])
     run_dir = suite_dir / "runs" / name
-    exp = trial_experiment(trial, run_dir, sampled)
+    exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), suite_dir)
     if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
         tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
         return
@@ -83,8 +86,48 @@ def run_trial(params: dict[str, Any]) -> None:
         (run_dir / REFUSED_FILE).write_text(str(e))
 
 
+def suite_store(suite_dir: Path) -> str:
+    """The MLflow store of a suite's trials that name no tracking server."""
+    return f"sqlite:///{(suite_dir / 'mlruns' / 'mlflow.db').resolve()}"
+
+
+def prepare_trackers(suite: Suite, suite_dir: Path, todo: list[Trial]) -> None:
+    """Make the MLflow stores and experiments the trials will log to before they start at once."""
+    from raysim.results.trackers import prepare_mlflow
+
+    made = set()
+    for t in todo:
+        if "mlflow" not in (t.settings.get("output.log") or ()):
+            continue
+        uri = t.settings.get("output.tracking_uri") or suite_store(suite_dir)
+        group = t.settings.get("output.log_group") or suite.name or suite_dir.name
+        if (uri, group) not in made and str(uri).startswith("sqlite:///"):
+            Path(str(uri).removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            prepare_mlflow(str(uri), str(group))
+            made.add((uri, group))
+
+
+def in_suite_trackers(exp: Experiment, suite_name: str, suite_dir: Path) -> Experiment:
+    """A trial that logs to experiment trackers (``output.log``) logs grouped by its suite: the
+    suite's name as MLflow's experiment and W&B's group (unless the suite sets ``output.log_group``),
+    and, without a tracking server, one MLflow store for the whole suite
+    (``sqlite:///SUITE_DIR/mlruns/mlflow.db``, its artifacts beside), which ``mlflow ui`` opens."""
+    out = exp.cfg.output
+    if not out.log:
+        return exp
+    uri = out.tracking_uri
+    if uri is None and "mlflow" in out.log:
+        uri = suite_store(suite_dir)
+    output = dataclasses.replace(out, log_group=out.log_group or suite_name or suite_dir.name, tracking_uri=uri)
+    return dataclasses.replace(exp, cfg=dataclasses.replace(exp.cfg, output=output))
+
+
 class TuneReporter(BaseCallback):
-    """Reports each evaluated round's metrics to Tune (for its schedulers and searchers)."""
+    """Reports each evaluated round's metrics to Tune (for its schedulers and searchers): told after
+    the writers, since a report can end the trial (an early-stopping scheduler) and the row must be
+    written by then."""
+
+    told_after_writers = True
 
     def on_eval(self, rnd: int, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
         from ray import tune
@@ -161,6 +204,7 @@ def _stage(
 
     if not todo:
         return 0
+    prepare_trackers(suite, suite_dir, todo)
     trainable = tune.with_resources(
         run_trial,
         lambda params: tune.PlacementGroupFactory(
@@ -239,6 +283,7 @@ def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -
                     "seed": t.seed,
                     "settings": dict(t.settings),
                     "suite_dir": str(suite_dir),
+                    "suite": suite.name,
                     "pair": not main,
                 }
                 for t in todo
