@@ -60,7 +60,11 @@ def test_a_mistyped_switch_stops_a_run_before_its_executor_asks_for_the_data(mon
         raise AssertionError("the data was asked for")
 
     monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ConfigError, match="is not a switch"):  # validation refuses it first
+        validate(tiny_config(**{"ray.executor": executor}))
+    monkeypatch.delenv(ENV)
     exp = validate(tiny_config(**{"ray.executor": executor}))
+    monkeypatch.setenv(ENV, "yes")  # set after validation: the executor refuses it before the data
     with pytest.raises(ConfigError, match="is not a switch"):
         {"serial": SerialExecutor, "ray": RayExecutor}[executor].start(exp, load)
 
