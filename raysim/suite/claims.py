@@ -291,12 +291,12 @@ def trial_values(
     return out
 
 
-def trial_times(suite_dir: str | os.PathLike[str]) -> dict[tuple[str, int], float]:
-    """Each finished trial's training time per round (s): (configuration, seed) -> its run's
-    ``summary.json`` ``train_time_s`` over ``rounds``."""
+def trial_timings(suite_dir: str | os.PathLike[str]) -> dict[tuple[str, int], tuple[float, float]]:
+    """Each finished trial's training and evaluation time per round (s): (configuration, seed) ->
+    its run's ``summary.json`` ``train_time_s`` and ``eval_time_s`` over ``rounds``."""
     import json
 
-    out: dict[tuple[str, int], float] = {}
+    out: dict[tuple[str, int], tuple[float, float]] = {}
     for s in sorted(Path(suite_dir, "runs").glob("*/summary.json")):
         trial_file = s.with_name("trial.json")
         if not trial_file.is_file():
@@ -304,8 +304,14 @@ def trial_times(suite_dir: str | os.PathLike[str]) -> dict[tuple[str, int], floa
         run, trial = json.loads(s.read_text()), json.loads(trial_file.read_text())
         rounds = int(run.get("rounds") or 0)
         if rounds > 0 and run.get("train_time_s") is not None:
-            out[(str(trial["config"]), int(trial["seed"]))] = float(run["train_time_s"]) / rounds
+            per_round = (float(run["train_time_s"]) / rounds, float(run.get("eval_time_s") or 0.0) / rounds)
+            out[(str(trial["config"]), int(trial["seed"]))] = per_round
     return out
+
+
+def trial_times(suite_dir: str | os.PathLike[str]) -> dict[tuple[str, int], float]:
+    """Each finished trial's training time per round (s), ``train_s_per_round``'s value."""
+    return {key: train for key, (train, _) in trial_timings(suite_dir).items()}
 
 
 def margin(claim: Claim, values: Sequence[float]) -> float:
@@ -487,6 +493,7 @@ __all__ = [
     "setting_differences",
     "shown",
     "verdict_phrases",
+    "trial_timings",
     "trial_times",
     "trial_values",
     "unit",

@@ -93,17 +93,11 @@ def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
     training and evaluation time per round (``train_time_s``, ``eval_time_s`` over ``rounds``, from
     the trials' ``summary.json``), in seconds; "" when no trial recorded them. Trials that ran side
     by side on shared cores count each other's load: compare rows of one suite, run together."""
+    from raysim.suite.claims import trial_timings
+
     per: dict[str, list[tuple[float, float]]] = {}
-    for s in sorted((suite_dir / "runs").glob("*/summary.json")):
-        trial_file = s.with_name("trial.json")
-        if not trial_file.is_file():
-            continue
-        run, trial = json.loads(s.read_text()), json.loads(trial_file.read_text())
-        rounds = int(run.get("rounds") or 0)
-        if rounds > 0 and run.get("train_time_s") is not None:
-            per.setdefault(str(trial["config"]), []).append(
-                (float(run["train_time_s"]) / rounds, float(run.get("eval_time_s") or 0.0) / rounds)
-            )
+    for (config, _), timing in trial_timings(suite_dir).items():
+        per.setdefault(config, []).append(timing)
     if not per:
         return ""
     lines = ["| configuration | trials | training (s/round) | evaluation (s/round) |", "|---|---|---|---|"]
