@@ -6,11 +6,17 @@ hooks on both sides (docs/design.md, "Algorithm hooks"; the engine's view of the
 
 server side (run inside the server actor)
     ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
-    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
+    ``aggregate(state, rnd, results) -> state``, ``evaluation(state) -> Evaluation``
 client side (run inside a client worker)
     ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
-    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
-    ``personal_forward(model, eval_payload)``, ``batch_update(ctxs, payloads)``
+    ``batch_update(ctxs, payloads)``
+
+Evaluation is the one hook ``evaluation(state)``: it returns an
+:class:`raysim.engine.evaluation.Evaluation`, a frozen object that travels to the workers with what
+they need (its ``payload``) and whose methods build the models there: ``global_model(algo, model)``,
+``personal_model(algo, ctx)`` and ``forward(algo, model)`` (the forward pass that scores a personal
+model), ``algo`` the worker's own algorithm. An algorithm that evaluates otherwise than the defaults
+defines its own subclass in its module.
 
 Everything optional is a frozen capability object declared on the class under a name of its own
 choosing, each with its own module in :mod:`raysim.capabilities`: ``Batching``, ``FineTune``,
@@ -40,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from raysim.capabilities.finetune import FineTune
 from raysim.config import ExperimentConfig, setting
+from raysim.engine.evaluation import Evaluation
 from raysim.registry import ALGORITHMS, DatasetInfo
 from raysim.setups import Source
 from raysim.wire import ClientResult, Job, JobResult, NoConfig, ServerContext
@@ -129,9 +136,11 @@ class Algorithm(Generic[StateT]):
     def aggregate(self, state: StateT, rnd: int, results: Sequence[JobResult]) -> StateT:
         raise NotImplementedError
 
-    def eval_payload(self, state: StateT) -> Any:
-        """What the workers need to evaluate (the global weights, usually)."""
-        return None
+    def evaluation(self, state: StateT) -> Evaluation:
+        """What the workers evaluate with: the payload they need (the global weights, usually) and,
+        in an algorithm's own :class:`Evaluation` subclass, how they build the global model, a
+        client's personal model and its forward pass. Default: nothing to send, the defaults."""
+        return Evaluation()
 
     # ---- client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
@@ -151,27 +160,6 @@ class Algorithm(Generic[StateT]):
             raise NotImplementedError(f"{self.name} does not support chain jobs")
         return dataclasses.replace(payload, weights=payload.weights.merged(prev.weights))
 
-    def global_model(self, model: SplitModel, eval_payload: Any) -> SplitModel | None:
-        """Load the global model into ``model`` (return it), or None when there is none. By
-        default an algorithm with a global model sends its weights (``ModelWeights``) as the
-        evaluation payload."""
-        from raysim.models import set_weights
-
-        if not self.evaluates_global(self.cfg):
-            return None
-        set_weights(model, eval_payload)
-        return model
-
-    def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
-        """Load client ``ctx.cid``'s personalised model into ``ctx.model`` (return it), or None.
-        By default: the fine-tuned global model of an algorithm with ``finetune``, else none."""
-        return FineTune.of(self).personal_model(self, ctx, eval_payload)
-
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
-        """The forward function (inputs to class scores) a personal model predicts with (default:
-        the global path); e.g. fused logits, or distances to prototypes from ``eval_payload``."""
-        return model
-
 
 def register(name: str) -> Any:
     """``@register("fedavg")``: the class becomes the algorithm ``name`` in
@@ -185,4 +173,4 @@ def register(name: str) -> Any:
     return deco
 
 
-__all__ = ["Algorithm", "register"]
+__all__ = ["Algorithm", "Evaluation", "register"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm
+from algorithms.base import Algorithm, Evaluation
 from algorithms.clustering import Clusters, agglomerative, assignment, describe
 from algorithms.fedavg import train_global_parts
 from raysim.capabilities.batching import Batching
@@ -106,9 +106,9 @@ class ClusteredFL(Algorithm[ClusterState]):
             state.extra,
         )
 
-    def eval_payload(self, state: ClusterState) -> ClusterEval:
+    def evaluation(self, state: ClusterState) -> Evaluation:
         of = assignment(state.clusters, self.cfg.clients)
-        return ClusterEval(tuple(int(k) for k in of), state.models)
+        return ClusterEvaluation(ClusterEval(tuple(int(k) for k in of), state.models))
 
     def round_scalars(self, state: ClusterState, rnd: int) -> dict[str, float]:
         sizes = [len(c) for c in state.clusters]
@@ -125,8 +125,14 @@ class ClusteredFL(Algorithm[ClusterState]):
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         return train_global_parts(ctx, payload)
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ClusterEval) -> SplitModel:
-        ctx.load(eval_payload.models[eval_payload.cluster_of[ctx.cid]])
+
+class ClusterEvaluation(Evaluation):
+    """A :class:`ClusterEval`; a client's personal model is its cluster's."""
+
+    payload: ClusterEval
+
+    def personal_model(self, algo: ClusteredFL, ctx: ClientContext) -> SplitModel:
+        ctx.load(self.payload.models[self.payload.cluster_of[ctx.cid]])
         return ctx.model
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from algorithms.base import lambda_setting, register
-from algorithms.fedavg import AveragedWeights
-from raysim.weights import GLOBAL_PARTS, ModelWeights
+from algorithms.base import Evaluation, lambda_setting, register
+from algorithms.fedavg import AveragedWeights, GlobalState
+from raysim.weights import GLOBAL_PARTS
 from raysim.wire import ClientResult, WeightsPayload
 
 if TYPE_CHECKING:
@@ -58,7 +58,14 @@ class Ditto(AveragedWeights):
         ctx.keep(ctx.weights(GLOBAL_PARTS))
         return ctx.result(stats, weights=upload)
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return DittoEvaluation(state.weights)
+
+
+class DittoEvaluation(Evaluation):
+    """The global weights; a client's personal model is the one it keeps."""
+
+    def personal_model(self, algo: Ditto, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(GLOBAL_PARTS))
         return ctx.model
 

@@ -78,7 +78,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from algorithms.grouping import Grouping, group_kl, type_a_grouping, type_b_grouping
 from raysim import rng
 from raysim.capabilities.asynchronous import Asynchronous
@@ -422,10 +422,10 @@ class Fed3p2(Algorithm[Fed3p2State]):
                 filters[g] = weighted_mean(uploads, [r.num_samples for r in mine])
         return dataclasses.replace(state, rnd=rnd, group_filters=tuple(filters))
 
-    def eval_payload(self, state: Fed3p2State) -> Fed3p2Eval:
+    def evaluation(self, state: Fed3p2State) -> Evaluation:
         personal = not self.params.two_phase or (state.rnd > 0 and self.phase(state, state.rnd) == 2)
         group_of = tuple(int(g) for g in state.type_b.assignment) if state.type_b is not None else None
-        return Fed3p2Eval(state.gm, personal, group_of, state.group_filters)
+        return Fed3p2Evaluation(Fed3p2Eval(state.gm, personal, group_of, state.group_filters))
 
     def round_scalars(self, state: Fed3p2State, rnd: int) -> dict[str, float]:
         out = {"phase": float(self.phase(state, rnd))}
@@ -515,25 +515,34 @@ class Fed3p2(Algorithm[Fed3p2State]):
         )  # fmt: skip
         return [v.finish(ctx, stats, w) for v, ctx, (stats, w) in zip(updates, ctxs, trained, strict=True)]
 
-    def global_model(self, model: SplitModel, eval_payload: Fed3p2Eval) -> SplitModel | None:
-        return super().global_model(model, eval_payload.gm)
 
-    def personal_model(self, ctx: ClientContext, eval_payload: Fed3p2Eval) -> SplitModel | None:
-        if not eval_payload.personal:
+class Fed3p2Evaluation(Evaluation):
+    """A :class:`Fed3p2Eval`: the global model is its ``gm``; a client's personal model (once
+    there are local models) is the global body with its group's filter and its P-head, and predicts
+    with the P-head."""
+
+    payload: Fed3p2Eval
+
+    def global_model(self, algo: Fed3p2, model: SplitModel) -> SplitModel | None:
+        return Evaluation(self.payload.gm).global_model(algo, model)
+
+    def personal_model(self, algo: Fed3p2, ctx: ClientContext) -> SplitModel | None:
+        ev = self.payload
+        if not ev.personal:
             return None
-        if not self.params.two_phase:
-            ctx.load(eval_payload.gm.merged(self._phead(ctx)))
+        if not algo.params.two_phase:
+            ctx.load(ev.gm.merged(algo._phead(ctx)))
             return ctx.model
-        group = eval_payload.group_of[ctx.cid] if eval_payload.group_of is not None else -1
-        group_filter = eval_payload.group_filters[group] if group >= 0 else None
+        group = ev.group_of[ctx.cid] if ev.group_of is not None else -1
+        group_filter = ev.group_filters[group] if group >= 0 else None
         ctx.load(
-            eval_payload.gm.select(FROZEN_PARTS)
-            .merged(self._filter(ctx, group_filter, group))
-            .merged(self._phead(ctx))
+            ev.gm.select(FROZEN_PARTS)
+            .merged(algo._filter(ctx, group_filter, group))
+            .merged(algo._phead(ctx))
         )
         return ctx.model
 
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+    def forward(self, algo: Fed3p2, model: SplitModel) -> Any:
         return model.personal_forward
 
 

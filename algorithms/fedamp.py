@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from algorithms.base import Algorithm, lambda_setting, register
+from algorithms.base import Algorithm, Evaluation, lambda_setting, register
 from raysim.capabilities.round_log import RoundLog
 from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
@@ -125,7 +125,14 @@ class FedAMP(Algorithm[AMPState]):
         ctx.keep(ctx.weights(GLOBAL_PARTS))
         return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: None) -> SplitModel:
+    def evaluation(self, state: AMPState) -> Evaluation:
+        return AMPEvaluation()
+
+
+class AMPEvaluation(Evaluation):
+    """No payload (there is no global model); a client's personal model is the one it keeps."""
+
+    def personal_model(self, algo: FedAMP, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(GLOBAL_PARTS))
         return ctx.model
 

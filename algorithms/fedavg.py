@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching, train_received
 from raysim.capabilities.finetune import FineTune
@@ -71,8 +71,8 @@ class AveragedWeights(Algorithm[GlobalState]):
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
         return GlobalState(average_uploads(results)) if self.shared_parts else state
 
-    def eval_payload(self, state: GlobalState) -> ModelWeights:
-        return state.weights
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return Evaluation(state.weights)
 
 
 @register("fedavg")

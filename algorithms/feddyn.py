@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
 from raysim.config import setting
@@ -70,8 +70,8 @@ class FedDyn(Algorithm[DynState]):
         mean = weighted_mean(uploads, [1.0] * len(uploads))
         return DynState(apply_updates(mean, [h], [1.0 / alpha]), h)
 
-    def eval_payload(self, state: DynState) -> ModelWeights:
-        return state.weights
+    def evaluation(self, state: DynState) -> Evaluation:
+        return Evaluation(state.weights)
 
     def local_update(self, ctx: ClientContext, payload: WeightsPayload) -> ClientResult:
         import torch

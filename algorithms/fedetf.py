@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from algorithms.frozen_head import drplus_setup, drplus_sources, etf_classifier
 from raysim import rng
 from raysim.capabilities.batching import Batching
@@ -168,14 +168,11 @@ class FedETF(Algorithm[ETFState]):
     def round_scalars(self, state: ETFState, rnd: int) -> dict[str, float]:
         return {"fedetf_temperature": state.scale}
 
-    def eval_payload(self, state: ETFState) -> ETFState:
-        return state
+    def evaluation(self, state: ETFState) -> Evaluation:
+        return ETFEvaluation(state)
 
-    def global_model(self, model: SplitModel, eval_payload: ETFState) -> SplitModel | None:
-        return super().global_model(model, eval_payload.weights)
-
-    def ft_weights(self, eval_payload: ETFState) -> ModelWeights:
-        return eval_payload.weights
+    def ft_weights(self, payload: ETFState) -> ModelWeights:
+        return payload.weights
 
     # ---------------------------------------------------------------------------------------- client
     def _scale(self, ctx: ClientContext, value: float) -> torch.nn.Parameter:
@@ -190,15 +187,25 @@ class FedETF(Algorithm[ETFState]):
         stats = ctx.train(BODY, payload.lr, loss_fn=loss, extra=[s])  # the ETF stays fixed
         return ctx.result(stats, weights=ctx.weights(BODY), extra=np.array([s.item()], dtype=np.float32))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ETFState) -> SplitModel | None:
+
+class ETFEvaluation(Evaluation):
+    """The server's :class:`ETFState` (the weights and the scale s): the global model is its
+    weights; FedETF-FT fine-tunes them into a client's personal model."""
+
+    payload: ETFState
+
+    def global_model(self, algo: FedETF, model: SplitModel) -> SplitModel | None:
+        return Evaluation(self.payload.weights).global_model(algo, model)
+
+    def personal_model(self, algo: FedETF, ctx: ClientContext) -> SplitModel | None:
         """FedETF-FT (their ``Client_personalization``): the body and s with the balanced loss,
         then the ETF and the projection in turn with cross-entropy, s frozen."""
-        epochs, lr = FedETF.finetune.setting(self.cfg)
-        if epochs == 0 or ctx.rnd < self.cfg.rounds:
+        epochs, lr = FedETF.finetune.setting(algo.cfg)
+        if epochs == 0 or ctx.rnd < algo.cfg.rounds:
             return None
-        p = self.params
-        ctx.load(self.ft_weights(eval_payload))
-        s = self._scale(ctx, eval_payload.scale)
+        p = algo.params
+        ctx.load(algo.ft_weights(self.payload))
+        s = algo._scale(ctx, self.payload.scale)
         ctx.train(BODY, lr, epochs=epochs, loss_fn=balanced_etf_loss(s, class_counts(ctx)), extra=[s], stream="finetune")
         s.requires_grad_(False)
         ce = balanced_etf_loss(s, None)

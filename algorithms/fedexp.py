@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from algorithms.base import register
+from algorithms.base import Evaluation, register
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.capabilities.round_log import RoundLog
 from raysim.config import setting
@@ -84,12 +84,14 @@ class FedExP(FedAvg):
         )
         return ExPState(new, previous=state.weights if rnd > 1 else None, eta_g=eta_g)
 
-    def eval_payload(self, state: GlobalState) -> ModelWeights:
+    def evaluation(self, state: GlobalState) -> Evaluation:
         assert isinstance(state, ExPState)
         if state.previous is None:
-            return state.weights
-        return map_parts(
-            lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.weights, state.previous
+            return Evaluation(state.weights)
+        return Evaluation(
+            map_parts(
+                lambda a, b: ((a.astype(np.float64) + b) / 2).astype(np.float32), state.weights, state.previous
+            )
         )
 
     def round_scalars(self, state: GlobalState, rnd: int) -> dict[str, float]:

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, lambda_setting, register
+from algorithms.base import Algorithm, Evaluation, lambda_setting, register
 from raysim import rng
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.extra_rounds import ExtraRounds
@@ -197,8 +197,8 @@ class FedFCD(Algorithm[FCDState]):
         gfr, mask = weighted_means(lfr)  # Eq. 5 over every client's latest LFRs
         return FCDState(rnd, head, lfr, gfr, mask)
 
-    def eval_payload(self, state: FCDState) -> ModelWeights:
-        return state.head
+    def evaluation(self, state: FCDState) -> Evaluation:
+        return FCDEvaluation(state.head)
 
     # ---------------------------------------------------------------------------------------- client
     def local_update(self, ctx: ClientContext, payload: FCDPayload) -> ClientResult:
@@ -214,7 +214,7 @@ class FedFCD(Algorithm[FCDState]):
         assert payload.gfr is not None and payload.gfr_mask is not None
         ctx.load(own.merged(payload.head))
         p = self.params
-        fused = self.personal_forward(ctx.model)
+        fused = self.decision(ctx.model)
 
         def decision_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.cross_entropy(fused(x), y)
@@ -242,15 +242,23 @@ class FedFCD(Algorithm[FCDState]):
         )
         return ctx.result(stats, extra=ctx.class_means())
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
-        ctx.load(ctx.kept(OWN_PARTS).merged(eval_payload))
-        return ctx.model
-
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+    def decision(self, model: SplitModel) -> Any:
         """The fused decision (Eq. 7-8): global head's plus local head's logits on the same z."""
         from raysim.toolkit.features import fused_forward
 
         return fused_forward(model) if self.params.fusion else model.personal_forward
+
+
+class FCDEvaluation(Evaluation):
+    """The global head; a client's personal model is its own parts with it, and predicts with
+    the fused decision (:meth:`FedFCD.decision`)."""
+
+    def personal_model(self, algo: FedFCD, ctx: ClientContext) -> SplitModel:
+        ctx.load(ctx.kept(OWN_PARTS).merged(self.payload))
+        return ctx.model
+
+    def forward(self, algo: FedFCD, model: SplitModel) -> Any:
+        return algo.decision(model)
 
 
 __all__ = ["FedFCD", "FedFCDConfig"]

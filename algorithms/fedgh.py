@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from raysim import rng
 from raysim.capabilities.batching import Batching
 from raysim.config import setting
@@ -76,8 +76,8 @@ class FedGH(Algorithm[GHState]):
         )
         return GHState(rnd, head)
 
-    def eval_payload(self, state: GHState) -> ModelWeights:
-        return state.head
+    def evaluation(self, state: GHState) -> Evaluation:
+        return GHEvaluation(state.head)
 
     def local_update(self, ctx: ClientContext, payload: HeadPayload) -> ClientResult:
         ctx.load(ctx.kept(BODY).merged(payload.head))  # the local head replaced by the global one
@@ -85,8 +85,12 @@ class FedGH(Algorithm[GHState]):
         ctx.keep(ctx.weights(BODY))
         return ctx.result(stats, extra=ctx.class_means())
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
-        ctx.load(ctx.kept(BODY).merged(eval_payload))
+
+class GHEvaluation(Evaluation):
+    """The global head; a client's personal model is its own body with it."""
+
+    def personal_model(self, algo: FedGH, ctx: ClientContext) -> SplitModel:
+        ctx.load(ctx.kept(BODY).merged(self.payload))
         return ctx.model
 
 

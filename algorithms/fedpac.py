@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, lambda_setting, register
+from algorithms.base import Algorithm, Evaluation, lambda_setting, register
 from algorithms.collaboration import combination_weights
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching
@@ -194,8 +194,8 @@ class FedPAC(Algorithm[PACState]):
             )
         return PACState(rnd, body, tuple(heads), centroids, mask, alpha, tuple(r.client for r in finals))
 
-    def eval_payload(self, state: PACState) -> PACEval:
-        return PACEval(state.body, state.heads)
+    def evaluation(self, state: PACState) -> Evaluation:
+        return PACEvaluation(PACEval(state.body, state.heads))
 
     def round_scalars(self, state: PACState, rnd: int) -> dict[str, float]:
         if state.alpha.size == 0:
@@ -240,8 +240,14 @@ class FedPAC(Algorithm[PACState]):
         """The client's head as the server keeps it; the initial one before it has one."""
         return head if head is not None else ctx.initial_weights.select(("head",))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: PACEval) -> SplitModel:
-        ctx.load(eval_payload.body.merged(self._head(ctx, eval_payload.heads[ctx.cid])))
+
+class PACEvaluation(Evaluation):
+    """A :class:`PACEval`; a client's personal model is the body with its head."""
+
+    payload: PACEval
+
+    def personal_model(self, algo: FedPAC, ctx: ClientContext) -> SplitModel:
+        ctx.load(self.payload.body.merged(algo._head(ctx, self.payload.heads[ctx.cid])))
         return ctx.model
 
 

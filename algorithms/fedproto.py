@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from algorithms.base import Algorithm, lambda_setting, register
+from algorithms.base import Algorithm, Evaluation, lambda_setting, register
 from raysim.capabilities.batching import Batching
 from raysim.toolkit.prototypes import ClassMeans, plain_means
 from raysim.weights import BODY
@@ -75,8 +75,8 @@ class FedProto(Algorithm[ProtoState]):
         protos, mask = plain_means(ClassMeans.stack([r.extra for jr in results for r in jr.results]))
         return ProtoState(rnd, protos, mask)
 
-    def eval_payload(self, state: ProtoState) -> ProtoPayload:
-        return ProtoPayload(state.protos, state.mask, 0.0)
+    def evaluation(self, state: ProtoState) -> Evaluation:
+        return ProtoEvaluation(ProtoPayload(state.protos, state.mask, 0.0))
 
     def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
 
@@ -88,20 +88,27 @@ class FedProto(Algorithm[ProtoState]):
         ctx.keep(ctx.weights(OWN_PARTS))
         return ctx.result(stats, extra=ctx.class_means())
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ProtoPayload) -> SplitModel:
+
+class ProtoEvaluation(Evaluation):
+    """The global prototypes (a :class:`ProtoPayload`); a client's personal model is its own, and
+    predicts with its head or, with ``predict=proto``, by the nearest global prototype."""
+
+    payload: ProtoPayload | None
+
+    def personal_model(self, algo: FedProto, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(OWN_PARTS))
         return ctx.model
 
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
-        if self.params.predict == "head" or eval_payload is None or eval_payload.protos.shape[1] == 0:
+    def forward(self, algo: FedProto, model: SplitModel) -> Any:
+        if algo.params.predict == "head" or self.payload is None or self.payload.protos.shape[1] == 0:
             return model
         import torch
 
         from raysim.toolkit.features import representation
 
         # copies: the payload's arrays are the object store's read-only buffers
-        protos_cpu = torch.tensor(eval_payload.protos)
-        mask_cpu = torch.tensor(eval_payload.mask)
+        protos_cpu = torch.tensor(self.payload.protos)
+        mask_cpu = torch.tensor(self.payload.mask)
 
         def nearest_prototype(x: torch.Tensor) -> torch.Tensor:
             z = representation(model, x)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from algorithms.base import register
-from algorithms.personal import Pass, SharedAndPersonal
+from algorithms.base import Evaluation, register
+from algorithms.fedavg import GlobalState
+from algorithms.personal import Pass, SharedAndPersonal, SharedAndPersonalEvaluation
 from raysim.weights import GLOBAL_PARTS
 
 if TYPE_CHECKING:
@@ -37,7 +38,14 @@ class FedRoD(SharedAndPersonal):
         """One pass of everything, each client's log-prior a further input of its loss."""
         return [Pass((*GLOBAL_PARTS, "phead"), rod_loss, inputs=log_prior_of)]
 
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return RoDEvaluation(state.weights)
+
+
+class RoDEvaluation(SharedAndPersonalEvaluation):
+    """FedRoD's personal model predicts with the generic plus the personal head's logits."""
+
+    def forward(self, algo: FedRoD, model: SplitModel) -> Any:
         from raysim.toolkit.features import fused_forward
 
         return fused_forward(model)

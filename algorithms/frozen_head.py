@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm
+from algorithms.base import Algorithm, Evaluation
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching, train_received
 from raysim.capabilities.finetune import FineTune
@@ -166,8 +166,8 @@ class FrozenHead(Algorithm[GlobalEval]):
         body = average_uploads(results)  # the uploads carry the body only
         return GlobalEval(body.merged(state.weights.select(("head",))))
 
-    def eval_payload(self, state: GlobalEval) -> GlobalEval:
-        return state
+    def evaluation(self, state: GlobalEval) -> Evaluation:
+        return FrozenHeadEvaluation(state)
 
     # ---------------------------------------------------------------------------------------- client
     def body_loss(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:
@@ -184,11 +184,17 @@ class FrozenHead(Algorithm[GlobalEval]):
         """:meth:`local_update` for each of ``ctxs``, their bodies trained together."""
         return train_received(self, ctxs, payloads, BODY, self.body_loss)
 
-    def global_model(self, model: SplitModel, eval_payload: GlobalEval) -> SplitModel | None:
-        return super().global_model(model, eval_payload.weights)
+    def ft_weights(self, payload: GlobalEval) -> ModelWeights:
+        return payload.weights
 
-    def ft_weights(self, eval_payload: GlobalEval) -> ModelWeights:
-        return eval_payload.weights
+
+class FrozenHeadEvaluation(Evaluation):
+    """The server's :class:`GlobalEval`; the global model is its weights."""
+
+    payload: GlobalEval
+
+    def global_model(self, algo: FrozenHead, model: SplitModel) -> SplitModel | None:
+        return Evaluation(self.payload.weights).global_model(algo, model)
 
 
 __all__ = ["FrozenHead", "GlobalEval", "check_etf_fits", "dr_loss", "drplus_setup", "drplus_sources", "etf_classifier"]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.base import Algorithm, lambda_setting, register
+from algorithms.base import Algorithm, Evaluation, lambda_setting, register
 from raysim import rng
 from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
@@ -135,6 +135,8 @@ class GPFL(Algorithm[GPFLState]):
     Config = GPFLConfig
     has_global_model = False
     has_personal_model = True
+    #: the client's p_i, set by :meth:`GPFLEvaluation.personal_model` for its forward pass
+    _p: torch.Tensor
 
     def init(self, ctx: ServerContext) -> GPFLState:
         model = ctx.build_model()
@@ -156,11 +158,11 @@ class GPFL(Algorithm[GPFLState]):
             modules += (n / sum(sizes)) * np.asarray(r.extra, dtype=np.float64)
         return GPFLState(weights, modules.astype(np.float32))
 
-    def eval_payload(self, state: GPFLState) -> GPFLState:
-        return state
+    def evaluation(self, state: GPFLState) -> Evaluation:
+        return GPFLEvaluation(state)
 
     # ---------------------------------------------------------------------------------- client
-    def _modules(self, ctx: ClientContext, flat: np.ndarray) -> Any:
+    def worker_modules(self, ctx: ClientContext, flat: np.ndarray) -> Any:
         """This worker's GCE and CoV (built once), loaded with ``flat``."""
         if getattr(self, "_built", None) is None:
             self._built = build_modules(ctx.model.filter_dim, ctx.model.num_classes, 0).to(ctx.device)
@@ -178,7 +180,7 @@ class GPFL(Algorithm[GPFLState]):
         import torch.nn.functional as F
 
         ctx.load(payload.weights.merged(ctx.kept(PERSONAL)))
-        mods = self._modules(ctx, payload.modules)
+        mods = self.worker_modules(ctx, payload.modules)
         with torch.no_grad():
             frozen = mods.embedding.weight.detach().clone()  # the received GCE
             g, p = conditional_inputs(frozen, self._label_counts(ctx))
@@ -200,19 +202,26 @@ class GPFL(Algorithm[GPFLState]):
         ctx.keep(ctx.weights(PERSONAL))
         return ctx.result(stats, weights=ctx.weights(SHARED), extra=flatten_modules(mods))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: GPFLState) -> SplitModel:
+
+class GPFLEvaluation(Evaluation):
+    """The server's :class:`GPFLState`; a client's personal model is phi with its own head, and
+    predicts through this worker's CoV with the client's p_i."""
+
+    payload: GPFLState
+
+    def personal_model(self, algo: GPFL, ctx: ClientContext) -> SplitModel:
         """Loads phi, the client's head, and this worker's GCE/CoV with the client's p_i, which
-        :meth:`personal_forward` (called next, for the same client) predicts with."""
+        :meth:`forward` (called next, for the same client) predicts with."""
         import torch
 
-        ctx.load(eval_payload.weights.merged(ctx.kept(PERSONAL)))
-        mods = self._modules(ctx, eval_payload.modules)
+        ctx.load(self.payload.weights.merged(ctx.kept(PERSONAL)))
+        mods = algo.worker_modules(ctx, self.payload.modules)
         with torch.no_grad():
-            _, self._p = conditional_inputs(mods.embedding.weight, self._label_counts(ctx))
+            _, algo._p = conditional_inputs(mods.embedding.weight, algo._label_counts(ctx))
         return ctx.model
 
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any:
-        mods, p = self._built, self._p
+    def forward(self, algo: GPFL, model: SplitModel) -> Any:
+        mods, p = algo._built, algo._p
         mods.eval()
 
         def forward(x: torch.Tensor) -> torch.Tensor:

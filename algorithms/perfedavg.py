@@ -37,10 +37,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from algorithms.base import register
-from algorithms.fedavg import AveragedWeights
+from algorithms.base import Evaluation, register
+from algorithms.fedavg import AveragedWeights, GlobalState
 from raysim.config import setting
-from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.weights import GLOBAL_PARTS
 from raysim.wire import ClientResult, WeightsPayload
 
 if TYPE_CHECKING:
@@ -137,11 +137,18 @@ class PerFedAvg(AveragedWeights):
         stats = TrainStats(sum(losses) / len(losses) if losses else 0.0, len(losses), samples)
         return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return PerFedAvgEvaluation(state.weights)
+
+
+class PerFedAvgEvaluation(Evaluation):
+    """The global weights; a client's personal model is adapted from them."""
+
+    def personal_model(self, algo: PerFedAvg, ctx: ClientContext) -> SplitModel:
         """The global model after one gradient step of size alpha on a batch of the client's data."""
         from raysim.toolkit.train import set_trainable
 
-        ctx.load(eval_payload)
+        ctx.load(self.payload)
         params = set_trainable(ctx.model, GLOBAL_PARTS)
         import torch
 
@@ -149,7 +156,7 @@ class PerFedAvg(AveragedWeights):
         _, g = gradient(ctx.model, params, next(batch))
         with torch.no_grad():
             for q, gi in zip(params, g, strict=True):
-                q.sub_(self.params.alpha * gi)
+                q.sub_(algo.params.alpha * gi)
         return ctx.model
 
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from algorithms.fedavg import AveragedWeights
+from algorithms.base import Evaluation
+from algorithms.fedavg import AveragedWeights, GlobalState
 from raysim.capabilities.batching import Batching
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
@@ -115,8 +116,15 @@ class SharedAndPersonal(AveragedWeights):
         ctx.keep(ctx.weights(self.personal_parts))
         return ctx.result(stats, weights=ctx.weights(self.shared_parts) if self.shared_parts else None)
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
-        ctx.load(eval_payload.merged(self.own_parts(ctx)))
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return SharedAndPersonalEvaluation(state.weights)
+
+
+class SharedAndPersonalEvaluation(Evaluation):
+    """The shared weights; a client's personal model is them with its own parts."""
+
+    def personal_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel:
+        ctx.load(self.payload.merged(algo.own_parts(ctx)))
         return ctx.model
 
 

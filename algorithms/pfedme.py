@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from algorithms.base import lambda_setting, register
+from algorithms.base import Evaluation, lambda_setting, register
 from algorithms.fedavg import AveragedWeights, GlobalState
 from raysim.config import setting
 from raysim.toolkit.aggregate import weighted_mean
-from raysim.weights import GLOBAL_PARTS, ModelWeights
+from raysim.weights import GLOBAL_PARTS
 from raysim.wire import ClientResult, JobResult, WeightsPayload
 
 if TYPE_CHECKING:
@@ -122,7 +122,14 @@ class PFedMe(AveragedWeights):
         stats = TrainStats(sum(losses) / len(losses) if losses else 0.0, len(losses), samples)
         return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
 
-    def personal_model(self, ctx: ClientContext, eval_payload: ModelWeights) -> SplitModel:
+    def evaluation(self, state: GlobalState) -> Evaluation:
+        return PFedMeEvaluation(state.weights)
+
+
+class PFedMeEvaluation(Evaluation):
+    """The global weights; a client's personal model is the one it keeps (theta_i)."""
+
+    def personal_model(self, algo: PFedMe, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(GLOBAL_PARTS))
         return ctx.model
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from algorithms.base import Algorithm, register
+from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
 from raysim.config import setting
@@ -81,8 +81,8 @@ class Scaffold(Algorithm[ScaffoldState]):
         c = apply_updates(state.control, dcs, [-1.0 / self.cfg.clients] * k)
         return ScaffoldState(x, c)
 
-    def eval_payload(self, state: ScaffoldState) -> ModelWeights:
-        return state.weights
+    def evaluation(self, state: ScaffoldState) -> Evaluation:
+        return Evaluation(state.weights)
 
     def local_update(self, ctx: ClientContext, payload: ScaffoldPayload) -> ClientResult:
         import torch

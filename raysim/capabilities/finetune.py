@@ -8,9 +8,10 @@ last round reports these models. Nothing the client or the server keeps changes:
 untouched.
 
 An algorithm with the capability may define two hooks, which the others never see:
-``ft_weights(eval_payload) -> ModelWeights``, the global model it fine-tunes (default: the
-evaluation payload itself), and ``ft_loss(ctx, weights) -> LossFn``, made before ``weights`` are
-loaded (default: cross-entropy on the global path).
+``ft_weights(payload) -> ModelWeights``, the global model it fine-tunes from the payload of its
+evaluation (``Algorithm.evaluation(state).payload``; default: the payload itself), and
+``ft_loss(ctx, weights) -> LossFn``, made before ``weights`` are loaded (default: cross-entropy on
+the global path).
 """
 
 from __future__ import annotations
@@ -52,19 +53,20 @@ class FineTune(Capability):
         return self.declared and self.setting(cfg)[0] > 0
 
     @staticmethod
-    def weights(algo: Any, eval_payload: Any) -> ModelWeights:
-        """The global model ``algo`` fine-tunes: its ``ft_weights`` hook's, else the payload."""
+    def weights(algo: Any, payload: Any) -> ModelWeights:
+        """The global model ``algo`` fine-tunes from its evaluation's ``payload``: its
+        ``ft_weights`` hook's, else the payload."""
         hook = getattr(algo, "ft_weights", None)
-        weights: ModelWeights = hook(eval_payload) if hook is not None else eval_payload
+        weights: ModelWeights = hook(payload) if hook is not None else payload
         return weights
 
-    def personal_model(self, algo: Any, ctx: ClientContext, eval_payload: Any) -> SplitModel | None:
+    def personal_model(self, algo: Any, ctx: ClientContext, payload: Any) -> SplitModel | None:
         """Client ``ctx.cid``'s fine-tuned model, loaded into ``ctx.model``, at the last round (None
         before it, or when the run does not fine-tune)."""
         epochs, lr = self.setting(algo.cfg)
         if not self.declared or epochs == 0 or ctx.rnd < algo.cfg.rounds:
             return None
-        weights = self.weights(algo, eval_payload)
+        weights = self.weights(algo, payload)
         hook = getattr(algo, "ft_loss", None)
         if hook is not None:
             loss_fn = hook(ctx, weights)

@@ -20,6 +20,7 @@ import torch
 from raysim.capabilities.batching import Batching
 from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import ArrayDataset, FederatedData
+from raysim.engine.evaluation import Evaluation
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.models import set_weights
@@ -201,16 +202,17 @@ class ClientRuntime(ClientWorkspace):
         return {**out, **{f"local_{k}": v for k, v in drift.items()}}
 
     def evaluate(
-        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+        self, rnd: int, evaluation: Evaluation, targets: Sequence[EvalTarget], clients: Sequence[int]
     ) -> EvalPart:
         """The global model's correctness on ``targets`` (each test sample is predicted once, by
-        one worker) and the personalised models' correct counts on ``clients``' P-Tests."""
+        one worker) and the personalised models' correct counts on ``clients``' P-Tests, the models
+        built by the server's ``evaluation`` (the algorithm's ``evaluation(state)``)."""
         torch.set_num_threads(self.cfg.train_threads)
         bs = self.cfg.eval.batch_size
         global_correct: list[np.ndarray] = []
         global_align: list[np.ndarray] = []
         global_norm: list[np.ndarray] = []
-        gm = self.algo.global_model(self.model, eval_payload) if targets else None
+        gm = evaluation.global_model(self.algo, self.model) if targets else None
         if gm is not None:
             gm.eval()
             for t in targets:
@@ -230,14 +232,14 @@ class ClientRuntime(ClientWorkspace):
             features.append(("global", self._sample_features(gm)))
         personal: list[tuple[int, int | None]] = []
         for c in clients:
-            pm = self.algo.personal_model(ClientContext(self, c, rnd, evaluating=True), eval_payload)
+            pm = evaluation.personal_model(self.algo, ClientContext(self, c, rnd, evaluating=True))
             if pm is None:
                 personal.append((c, None))
                 continue
             pm.eval()
             if export:
                 features.append((f"client_{c}", self._sample_features(pm)))
-            forward = self.algo.personal_forward(pm, eval_payload)
+            forward = evaluation.forward(self.algo, pm)
             personal.append(
                 (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
             )

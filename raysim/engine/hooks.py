@@ -6,11 +6,12 @@ the engine never imports ``algorithms/``; it finds algorithm classes through
 
 server side (in the server actor)
     ``init(ctx) -> state``, ``plan(state, rnd, sampled) -> list[Job]``,
-    ``aggregate(state, rnd, results) -> state``, ``eval_payload(state)``
+    ``aggregate(state, rnd, results) -> state``, ``evaluation(state) -> Evaluation``
 client side (in a client worker)
     ``local_update(ctx, payload) -> ClientResult``, ``continue_chain(payload, prev)``,
-    ``global_model(model, eval_payload)``, ``personal_model(ctx, eval_payload)``,
-    ``personal_forward(model, eval_payload)``
+    ``batch_update(ctxs, payloads)``; the workers evaluate through the methods of the
+    :class:`raysim.engine.evaluation.Evaluation` the server sends (``global_model(algo, model)``,
+    ``personal_model(algo, ctx)``, ``forward(algo, model)``)
 both (a static method)
     ``adapt_model(model)``: the registered model as the algorithm uses it (a projection, normalised
     features), applied wherever the run builds its model
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from raysim.config import ExperimentConfig
+from raysim.engine.evaluation import Evaluation
 from raysim.registry import DatasetInfo
 from raysim.setups import Source
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
@@ -70,7 +72,7 @@ class AlgorithmHooks(Protocol):
 
     def aggregate(self, state: Any, rnd: int, results: Sequence[JobResult]) -> Any: ...
 
-    def eval_payload(self, state: Any) -> Any: ...
+    def evaluation(self, state: Any) -> Evaluation: ...
 
     # client side
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult: ...
@@ -78,12 +80,6 @@ class AlgorithmHooks(Protocol):
     def batch_update(self, ctxs: Sequence[ClientContext], payloads: Sequence[Any]) -> list[ClientResult]: ...
 
     def continue_chain(self, payload: Any, prev: ClientResult) -> Any: ...
-
-    def global_model(self, model: SplitModel, eval_payload: Any) -> SplitModel | None: ...
-
-    def personal_model(self, ctx: ClientContext, eval_payload: Any) -> SplitModel | None: ...
-
-    def personal_forward(self, model: SplitModel, eval_payload: Any = None) -> Any: ...
 
 
 __all__ = ["AlgorithmHooks"]

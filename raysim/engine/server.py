@@ -21,6 +21,7 @@ from raysim.deployment.clock import Arrival
 from raysim.deployment.model import Deployment, RoundClose, async_sizes
 from raysim.engine import buffered
 from raysim.engine.buffered import Buffer, Saved, SyncClock
+from raysim.engine.evaluation import Evaluation
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.records import RoundStats
@@ -292,5 +293,6 @@ class ServerHost:
         ``validation`` capability (asked for in that round's ``RoundStats.validate``)."""
         self.state = Validation.of(self.algo).observe(self.algo, self.state, rnd, accuracy)
 
-    def eval_payload(self) -> Any:
-        return self.algo.eval_payload(self.state)
+    def evaluation(self) -> Evaluation:
+        """What the workers evaluate the current state with (the algorithm's ``evaluation`` hook)."""
+        return self.algo.evaluation(self.state)

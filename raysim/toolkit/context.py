@@ -164,7 +164,7 @@ class ClientWorkspace:
 
 class ClientContext:
     """One client's view during one job (or one evaluation): its data, its model, what it keeps,
-    its random streams. Handed to ``local_update`` and ``personal_model``.
+    its random streams. Handed to ``local_update`` and to an evaluation's ``personal_model``.
 
     Partial work (``deployment.completeness``) applies to training rounds only: a job's context
     gets the client's drawn :attr:`work_fraction`, while a context built for evaluation

@@ -31,8 +31,7 @@ def test_fedbabu_freezes_the_random_head_and_fine_tunes_everything_at_the_end(tm
     )
     run_round(ex, 2, [4, 5, 6, 7])
     assert ex.server.state.weights.select(("head",)).equals(head0)  # never trained in the rounds
-    payload = ex.server.eval_payload()
-    ft = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 0, 2), payload)
+    ft = ex.server.evaluation().personal_model(ex.runtime.algo, ClientContext(ex.runtime, 0, 2))
     assert not np.array_equal(
         ft.head.weight.detach().numpy().ravel(), head0.part("head")[: ft.head.weight.numel()]
     )
@@ -119,7 +118,7 @@ def test_fedrod_personal_head_learns_from_detached_features_and_is_never_sent(tm
     assert any(p.grad is not None and p.grad.any() for p in model.phead.parameters())
     z = model.extractor(x)
     torch.testing.assert_close(balanced, torch.nn.functional.cross_entropy(model.head(z) + prior, y))
-    lm = ex.runtime.algo.personal_forward(model)(x)  # LM: generic plus personal logits
+    lm = ex.server.evaluation().forward(ex.runtime.algo, model)(x)  # LM: generic plus personal logits
     torch.testing.assert_close(lm, model.head(z) + model.phead(z))
 
 

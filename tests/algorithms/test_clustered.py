@@ -286,8 +286,9 @@ def test_gpfl_personal_model_predicts_through_the_personalised_valve(tmp_path):
 
     algo, state = ex.runtime.algo, ex.server.state
     x, y = ex.runtime.gather(ex.runtime.data.train, ex.runtime.data.client_train[1])
-    model = algo.personal_model(ClientContext(ex.runtime, 1, 1), state)
-    forward = algo.personal_forward(model, state)
+    evaluation = algo.evaluation(state)
+    model = evaluation.personal_model(algo, ClientContext(ex.runtime, 1, 1))
+    forward = evaluation.forward(algo, model)
     mods = algo._built
     with torch.no_grad():
         _, p = conditional_inputs(mods.embedding.weight, torch.bincount(y, minlength=model.num_classes))

@@ -134,13 +134,13 @@ def test_phase2_freezes_extractor_and_ghead_shares_filters_keeps_pheads(tmp_path
         expected = weighted_mean([r.weights for r in mine], [r.num_samples for r in mine])
         np.testing.assert_array_equal(f.filter, expected.filter)
     # every client's local model: the frozen extractor, its group's filter, its own P-head
-    ev = ex.server.eval_payload()
+    ev = ex.server.evaluation()
     from raysim.models import get_weights
     from raysim.toolkit.context import ClientContext
 
     pheads = []
     for c in range(12):
-        model = ex.runtime.algo.personal_model(ClientContext(ex.runtime, c, 4), ev)
+        model = ev.personal_model(ex.runtime.algo, ClientContext(ex.runtime, c, 4))
         w = get_weights(model, ("extractor", "filter", "phead"))
         np.testing.assert_array_equal(w.extractor, gm.extractor)
         np.testing.assert_array_equal(w.filter, filters[group_of[c]].filter)

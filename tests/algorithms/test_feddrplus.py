@@ -120,14 +120,14 @@ def test_ft_fine_tunes_the_global_model_on_each_clients_own_data_after_the_round
     assert all(c.lm_correct is None for c in report.clients)
     ex.train_round(2, [0, 1, 2, 3])
     global_before = ex.server.state.weights
-    payload = ex.server.eval_payload()
+    evaluation = ex.server.evaluation()
     # client 3's FT model, by the algorithm
     ctx = ClientContext(ex.runtime, 3, 2)
-    ft = ex.runtime.algo.personal_model(ctx, payload)
+    ft = evaluation.personal_model(ex.runtime.algo, ctx)
     got = {p: t.detach().clone() for p, t in ft.state_dict().items()}
     # ... and by hand: the same loss, the same epochs of the fine-tuning stream, only client 3's samples
     ctx2 = ClientContext(ex.runtime, 3, 2)
-    ctx2.load(payload.weights)
+    ctx2.load(evaluation.payload.weights)
     local_train(
         ctx2.model,
         lambda e: ctx2.batches(e, "finetune"),
@@ -140,7 +140,7 @@ def test_ft_fine_tunes_the_global_model_on_each_clients_own_data_after_the_round
         assert torch_equal(got[p], t), p
     assert ex.server.state.weights.equals(global_before)  # FT leaves the global model alone
     # FT used client 3's data alone: another client's FT from the same global model differs
-    other = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 0, 2), payload)
+    other = evaluation.personal_model(ex.runtime.algo, ClientContext(ex.runtime, 0, 2))
     assert not torch_equal(other.extractor[1].weight, got["extractor.1.weight"])
 
 
@@ -193,7 +193,7 @@ def test_local_variants_train_the_body_under_the_frozen_etf(tmp_path, loss):
         kept = ex.runtime.kept(c)
         assert kept.select(("head",)).equals(etf)
         assert not np.array_equal(kept.extractor, initial.extractor)
-    model = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 5, 1), ex.server.eval_payload())
+    model = ex.server.evaluation().personal_model(ex.runtime.algo, ClientContext(ex.runtime, 5, 1))
     from raysim.models import get_weights
 
     assert get_weights(model, ("head",)).equals(etf)  # an untrained client: the ETF head too

@@ -103,7 +103,7 @@ def test_the_global_head_changes_on_the_server_only(tmp_path):
     assert not head1.equals(head0)  # trained on the initial LFRs
     ex.train_round(1, list(range(6)))
     assert not ex.server.state.head.equals(head1)
-    assert ex.server.eval_payload().equals(ex.server.state.head)
+    assert ex.server.evaluation().payload.equals(ex.server.state.head)
 
 
 def test_gfr_is_the_count_weighted_mean_of_lfrs():
@@ -147,7 +147,7 @@ def test_fusion_sums_global_and_local_logits_and_can_be_turned_off(tmp_path):
         ex = _executor(tmp_path / str(fusion), **{"algo.fusion": fusion})
         model = ex.runtime.model
         x = torch.randn(5, 1, 8, 8)
-        out = ex.runtime.algo.personal_forward(model)(x)
+        out = ex.server.evaluation().forward(ex.runtime.algo, model)(x)
         z = model.extractor(x)
         expected = model.head(z) + model.phead(z) if fusion else model.phead(z)
         torch.testing.assert_close(out, expected)

@@ -35,16 +35,17 @@ def test_fedproto_predicts_by_the_nearest_global_prototype(tmp_path):
 
     ex = _executor(tmp_path, "fedproto")
     ex.train_round(1, list(range(6)))
-    payload = ex.server.eval_payload()
+    evaluation = ex.server.evaluation()
+    payload = evaluation.payload
     model = ex.runtime.model
     x = torch.randn(7, 1, 8, 8)
-    scores = ex.runtime.algo.personal_forward(model, payload)(x)
+    scores = evaluation.forward(ex.runtime.algo, model)(x)
     z = model.filter(model.extractor(x))
     dist = torch.cdist(z, torch.from_numpy(payload.protos))
     dist[:, ~torch.from_numpy(payload.mask)] = float("inf")
     assert torch.equal(scores.argmax(1), dist.argmin(1))
     head = _executor(tmp_path / "h", "fedproto", **{"algo.predict": "head"}).runtime.algo
-    assert head.personal_forward(model, payload) is model
+    assert evaluation.forward(head, model) is model
 
 
 def test_fedgh_replaces_the_local_head_and_trains_the_global_head_on_the_server(tmp_path, monkeypatch):

@@ -69,15 +69,15 @@ def test_ft_trains_a_local_copy_of_the_parts_its_method_names(tmp_path, algo, he
     ex.train_round(2, [1, 2, 3, 4])
     state = copy.deepcopy(ex.server.state)
     memory = copy.deepcopy(ex.runtime.memory)
-    payload = ex.server.eval_payload()
+    evaluation = ex.server.evaluation()
     algo_obj = ex.runtime.algo
-    assert algo_obj.personal_model(ClientContext(ex.runtime, 3, 1), payload) is None  # not the last round
-    model = algo_obj.personal_model(ClientContext(ex.runtime, 3, 2), payload)
-    gm = FineTune.weights(algo_obj, payload)
+    assert evaluation.personal_model(algo_obj, ClientContext(ex.runtime, 3, 1)) is None  # not the last round
+    model = evaluation.personal_model(algo_obj, ClientContext(ex.runtime, 3, 2))
+    gm = FineTune.weights(algo_obj, evaluation.payload)
     tuned = get_weights(model, ("extractor", "head"))
     assert not np.array_equal(tuned.extractor, gm.extractor)
     assert np.array_equal(tuned.head, gm.head) != head_moves
-    assert FineTune.weights(algo_obj, ex.server.eval_payload()).equals(gm)  # the global model is untouched
+    assert FineTune.weights(algo_obj, ex.server.evaluation().payload).equals(gm)  # the global model is untouched
     for name, value in vars(ex.server.state).items():
         before = vars(state)[name]
         if hasattr(value, "equals"):

@@ -134,13 +134,13 @@ def test_fedexp_evaluates_the_mean_of_the_last_two_iterates(tmp_path):
     run_round(ex, 1, [0, 1, 2])
     s1 = ex.server.state
     assert isinstance(s1, ExPState) and s1.eta_g >= 1.0 and s1.previous is None
-    assert algo.eval_payload(s1).equals(s1.weights)  # round 1: the iterate itself
+    assert algo.evaluation(s1).payload.equals(s1.weights)  # round 1: the iterate itself
     assert algo.round_scalars(s1, 1) == {"fedexp_eta_g": s1.eta_g}
     assert not s1.weights.equals(w0)
     run_round(ex, 2, [1, 3])
     s2 = ex.server.state
     assert s2.previous.equals(s1.weights)
-    for name, a in algo.eval_payload(s2).items():
+    for name, a in algo.evaluation(s2).payload.items():
         np.testing.assert_allclose(
             a, (s2.weights.part(name).astype(np.float64) + s1.weights.part(name)) / 2, rtol=1e-6
         )

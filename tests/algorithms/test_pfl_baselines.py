@@ -131,11 +131,12 @@ def test_per_fedavg_steps_are_the_maml_steps():
 def test_per_fedavg_personalises_with_one_step_from_the_global_model(tmp_path):
     ex = _executor(tmp_path, "perfedavg", **{"algo.alpha": 0.05})
     run_round(ex, 1, [0, 1, 2, 3])
-    payload = ex.server.eval_payload()
+    evaluation = ex.server.evaluation()
+    payload = evaluation.payload
     from raysim.toolkit.context import ClientContext
 
     before = payload.part("head").copy()
-    pm = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 2, 1), payload)
+    pm = evaluation.personal_model(ex.runtime.algo, ClientContext(ex.runtime, 2, 1))
     from raysim.models import get_weights
 
     adapted = get_weights(pm, GLOBAL_PARTS)

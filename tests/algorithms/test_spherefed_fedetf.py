@@ -189,15 +189,15 @@ def test_fedetf_ft_tunes_the_etf_and_the_projection_in_turn_on_a_local_copy(tmp_
     ex = _executor(tmp_path, "fedetf", rounds=1, **{"algo.ft_epochs": 1})
     run_round(ex, 1, [0, 1, 2, 3])
     state = copy.deepcopy(ex.server.state)
-    payload = ex.server.eval_payload()
-    tuned = get_weights(ex.runtime.algo.personal_model(ClientContext(ex.runtime, 1, 1), payload), ("extractor", "filter", "head"))
+    evaluation = ex.server.evaluation()
+    tuned = get_weights(evaluation.personal_model(ex.runtime.algo, ClientContext(ex.runtime, 1, 1)), ("extractor", "filter", "head"))
     for part in ("extractor", "filter", "head"):
         assert not np.array_equal(tuned.part(part), state.weights.part(part)), part
     assert ex.server.state.weights.equals(state.weights) and ex.server.state.scale == state.scale
     # with no alternations only the first step runs: the ETF stays the global one
     ex0 = _executor(tmp_path / "b", "fedetf", rounds=1, **{"algo.ft_epochs": 1, "algo.ft_alternations": 0})
     run_round(ex0, 1, [0, 1, 2, 3])
-    m0 = ex0.runtime.algo.personal_model(ClientContext(ex0.runtime, 1, 1), ex0.server.eval_payload())
+    m0 = ex0.server.evaluation().personal_model(ex0.runtime.algo, ClientContext(ex0.runtime, 1, 1))
     assert np.array_equal(get_weights(m0, ("head",)).head, ex0.server.state.weights.head)
 
 

@@ -54,12 +54,12 @@ def test_evaluation_time_work_is_whole_under_partial_work_and_training_stays_cut
     assert all(trained[1][c] <= trained[0][c] for c in range(4))
     assert sum(trained[1].values()) < sum(trained[0].values())
     full.train_round(1, [0, 1, 2, 3])
-    payload = full.server.eval_payload()  # one global model, evaluated by both runtimes
+    evaluation = full.server.evaluation()  # one global model, evaluated by both runtimes
     last = cut_cfg.rounds
     for c in range(cut_cfg.clients):
         got = []
         for ex in (full, cut):
-            part = ex.runtime.evaluate(last, payload, [], [c])
+            part = ex.runtime.evaluate(last, evaluation, [], [c])
             tuned = get_weights(ex.runtime.model, PARTS)  # the personal model the evaluation left
             got.append((part.personal_correct, tuned))
         (full_counts, full_w), (cut_counts, cut_w) = got

@@ -99,7 +99,7 @@ def test_values_are_the_global_and_local_models_own_and_change_no_number(tmp_pat
     for k, v in want.items():
         assert a.analysis[f"local_{k}"] == pytest.approx(v, rel=1e-5), k
     report = on.evaluate(1)
-    set_weights(off.runtime.model, off.server.eval_payload())
+    set_weights(off.runtime.model, off.server.evaluation().payload)
     want = _manual(off.runtime.model, data, data.train_label_counts()[5] > 0)
     for k, v in want.items():
         assert report.clients[5].gm_split[k] == pytest.approx(v, rel=1e-5), k

@@ -35,8 +35,8 @@ def test_the_exported_features_are_the_models_own_and_feed_the_tsne(tmp_path):
     assert len(sample) == 40 and np.array_equal(sample, feature_sample(cfg, len(data.gtest)))  # fixed by the seed
     x = torch.from_numpy(data.gtest.features(sample))
     model = ex.runtime.model
-    payload = ex.server.eval_payload()
-    gm = ex.runtime.algo.global_model(model, payload)
+    evaluation = ex.server.evaluation()
+    gm = evaluation.global_model(ex.runtime.algo, model)
     want = extract_features(gm, x).numpy()
     np.testing.assert_array_equal(dict(report.features)["global"], want)
     rows = feature_rows(2, sample, data.gtest.y[sample], report.features)
@@ -48,7 +48,7 @@ def test_the_exported_features_are_the_models_own_and_feed_the_tsne(tmp_path):
     # a client's features are those of its own personal model (Ditto's v_k), not the global model's
     from raysim.toolkit.context import ClientContext
 
-    pm = ex.runtime.algo.personal_model(ClientContext(ex.runtime, 3, 2), payload)
+    pm = evaluation.personal_model(ex.runtime.algo, ClientContext(ex.runtime, 3, 2))
     mine = extract_features(pm, x).numpy()
     np.testing.assert_array_equal(dict(report.features)["client_3"], mine)
     assert not np.array_equal(mine, want)

@@ -74,9 +74,9 @@ def test_two_slots_evaluate_as_one_runtime_does(algo):
             slots.run_jobs(1, jobs)
         targets = eval_targets(data) if algo == "fedavg" else []
         clients = list(range(cfg.clients)) if algo == "local" else []
-        payload = server.eval_payload()
-        expected = one.evaluate(1, payload, targets, clients)
-        got = two.evaluate(1, payload, targets, clients)
+        evaluation = server.evaluation()
+        expected = one.evaluate(1, evaluation, targets, clients)
+        got = two.evaluate(1, evaluation, targets, clients)
         assert pickle.dumps(got) == pickle.dumps(expected)
         if algo == "fedavg":
             assert len(got.global_correct[0]) == len(targets[0].indices) and len(got.global_align) == 1

@@ -10,6 +10,7 @@ import numpy as np
 
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
+from raysim.engine.evaluation import Evaluation
 from raysim.errors import ConfigError
 from raysim.records import EvalPart, EvalTarget, RoundStats
 from raysim.toolkit.aggregate import BlockSum
@@ -129,9 +130,9 @@ class ClientWorker:
             self.runtime.import_states({c: part[c] for c in wanted if c in part})
 
     def evaluate(
-        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+        self, rnd: int, evaluation: Evaluation, targets: Sequence[EvalTarget], clients: Sequence[int]
     ) -> EvalPart:
-        return self.slots.evaluate(rnd, eval_payload, targets, clients)
+        return self.slots.evaluate(rnd, evaluation, targets, clients)
 
 
 class BlockSums:
@@ -247,8 +248,8 @@ class ServerActor:
             results.append(JobResult(job, tuple(links), presum))
         return self.host.aggregate(rnd, results), self.host.saved
 
-    def eval_payload(self) -> Any:
-        return self.host.eval_payload()
+    def evaluation(self) -> Evaluation:
+        return self.host.evaluation()
 
     def take_commits(self) -> tuple[list[int], dict[int, Any]]:
         """Called with ``num_returns=2``: the clients whose memory the last async step's arrivals

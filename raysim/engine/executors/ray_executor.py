@@ -327,20 +327,20 @@ class RayExecutor:
         return [self.pool.workers[h].import_states.remote([cs], states) for h, cs in by_home.items()]
 
     def evaluate(self, rnd: int) -> EvalReport:
-        payload = self.server.eval_payload.remote()
+        evaluation = self.server.evaluation.remote()
         targets = eval_targets(self.data) if self.has_global else []
         chunks = split_targets(targets, self.num_workers)
         clients = [self.pool.clients_of(w) if self.has_personal else [] for w in range(self.num_workers)]
         parts = self.pool.on_all(
-            lambda w, worker: worker.evaluate.remote(rnd, payload, chunks[w], clients[w]), self.server
+            lambda w, worker: worker.evaluate.remote(rnd, evaluation, chunks[w], clients[w]), self.server
         )
         return assemble_report(self.data, targets, parts, self.has_global)
 
     def validate(self, rnd: int) -> float:
         """The global model's accuracy on the validation parts, passed back to the server."""
-        payload = self.server.eval_payload.remote()
+        evaluation = self.server.evaluation.remote()
         chunks = split_targets([validation_target(self.data)], self.num_workers)
-        parts = self.pool.on_all(lambda w, worker: worker.evaluate.remote(rnd, payload, chunks[w], []), self.server)
+        parts = self.pool.on_all(lambda w, worker: worker.evaluate.remote(rnd, evaluation, chunks[w], []), self.server)
         accuracy = accuracy_of(parts)
         state_ref = self.server.observe_validation.remote(rnd, accuracy)
         server_get(state_ref)

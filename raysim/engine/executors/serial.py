@@ -76,12 +76,12 @@ class SerialExecutor:
         has_global = algo.evaluates_global(self.cfg)
         targets = eval_targets(self.data) if has_global else []
         clients = list(range(self.data.num_clients)) if algo.evaluates_personal(self.cfg) else []
-        part = self.runtime.evaluate(rnd, self.server.eval_payload(), targets, clients)
+        part = self.runtime.evaluate(rnd, self.server.evaluation(), targets, clients)
         return assemble_report(self.data, targets, [part], has_global)
 
     def validate(self, rnd: int) -> float:
         """The global model's accuracy on the validation parts, passed back to the server."""
-        part = self.runtime.evaluate(rnd, self.server.eval_payload(), [validation_target(self.data)], [])
+        part = self.runtime.evaluate(rnd, self.server.evaluation(), [validation_target(self.data)], [])
         accuracy = accuracy_of([part])
         self.server.observe_validation(rnd, accuracy)
         return accuracy

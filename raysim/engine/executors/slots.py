@@ -24,6 +24,7 @@ import numpy as np
 
 from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
+from raysim.engine.evaluation import Evaluation
 from raysim.engine.executors.evaluation import split_targets
 from raysim.records import EvalPart, EvalTarget
 
@@ -117,18 +118,18 @@ class JobSlots:
         return [r for r in results if r is not None]
 
     def evaluate(
-        self, rnd: int, eval_payload: Any, targets: Sequence[EvalTarget], clients: Sequence[int]
+        self, rnd: int, evaluation: Evaluation, targets: Sequence[EvalTarget], clients: Sequence[int]
     ) -> EvalPart:
         """The runtimes' evaluations of contiguous shares of ``targets`` and ``clients``, joined in
         order: the part one runtime would give."""
         if self._pool is None:
-            return self.main.evaluate(rnd, eval_payload, targets, clients)
+            return self.main.evaluate(rnd, evaluation, targets, clients)
         k = len(self.runtimes)
         chunks = split_targets(targets, k)
         shares = [[int(c) for c in share] for share in np.array_split(np.asarray(clients, dtype=np.int64), k)]
         parts = list(
             self._pool.map(
-                lambda i: self.runtimes[i].evaluate(rnd, eval_payload, chunks[i], shares[i]), range(k)
+                lambda i: self.runtimes[i].evaluate(rnd, evaluation, chunks[i], shares[i]), range(k)
             )
         )
 
