@@ -122,6 +122,14 @@ class Algorithm(Generic[StateT]):
         return cls.has_personal_model or FineTune.of(cls).on(cfg)
 
     @classmethod
+    def evaluates_newcomers(cls, cfg: ExperimentConfig) -> bool:
+        """Whether the clients held out of training (``eval.new_clients``) get a model of their own
+        (``new_lm_ptest``), from their evaluation's ``newcomer_model``: by default where the run
+        has a global model to adapt. An algorithm whose newcomers start otherwise (a shared body
+        with a fresh head, a cluster chosen by loss) says so here and in its evaluation."""
+        return cfg.eval.new_clients > 0 and cls.evaluates_global(cfg)
+
+    @classmethod
     def check(cls, cfg: ExperimentConfig, params: Any) -> None:
         """Raise ConfigError for settings this algorithm cannot run with (e.g. more coordinators
         than clients). Called in the driver before any work."""

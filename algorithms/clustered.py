@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from algorithms.base import Algorithm, Evaluation
-from algorithms.clustering import Clusters, agglomerative, assignment, describe
+from algorithms.clustering import Clusters, agglomerative, assignment, describe, purity
 from algorithms.fedavg import train_global_parts
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.extra_rounds import ExtraRounds
@@ -116,6 +116,7 @@ class ClusteredFL(Algorithm[ClusterState]):
             "clusters": float(len(sizes)),
             "cluster_size_max": float(max(sizes)),
             "cluster_size_min": float(min(sizes)),
+            **purity(self.cfg, state.clusters),
             **dict(state.scalars),
         }
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -122,4 +122,16 @@ __all__ = [
     "bipartition",
     "cosine_similarity",
     "describe",
+    "purity",
 ]
+
+
+def purity(cfg: Any, clusters: Sequence[Sequence[int]]) -> dict[str, float]:
+    """``{"cluster_purity": ...}`` under ``data.feature_shift`` (the share of clustered training
+    clients in their cluster's most common domain, :func:`raysim.data.feature_shift.cluster_purity`),
+    else nothing: a clustered algorithm's round log."""
+    from raysim.data.feature_shift import cluster_purity
+
+    value = cluster_purity(cfg, clusters)
+    return {} if value is None else {"cluster_purity": value}
+

@@ -48,6 +48,7 @@ from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
 from raysim.config import setting
+from raysim.engine.evaluation import newcomer_epochs
 from raysim.registry import DatasetInfo
 from raysim.setups import Source
 from raysim.toolkit.aggregate import average_uploads
@@ -203,18 +204,26 @@ class ETFEvaluation(Evaluation):
         epochs, lr = FedETF.finetune.setting(algo.cfg)
         if epochs == 0 or ctx.rnd < algo.cfg.rounds:
             return None
+        return self._fine_tuned(algo, ctx, epochs, lr, "finetune")
+
+    def newcomer_model(self, algo: FedETF, ctx: ClientContext) -> SplitModel | None:
+        """A newcomer (``eval.new_clients``): FedETF-FT's steps from the global model, the body's
+        pass for ``eval.new_client_epochs`` at the evaluated round's rate, on its own stream."""
+        return self._fine_tuned(algo, ctx, newcomer_epochs(algo.cfg), algo.lr(ctx.rnd), "newcomer")
+
+    def _fine_tuned(self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str) -> SplitModel:
         p = algo.params
         ctx.load(algo.ft_weights(self.payload))
         s = algo._scale(ctx, self.payload.scale)
-        ctx.train(BODY, lr, epochs=epochs, loss_fn=balanced_etf_loss(s, class_counts(ctx)), extra=[s], stream="finetune")
+        ctx.train(BODY, lr, epochs=epochs, loss_fn=balanced_etf_loss(s, class_counts(ctx)), extra=[s], stream=stream)
         s.requires_grad_(False)
         ce = balanced_etf_loss(s, None)
         for _ in range(p.ft_alternations):
             ctx.train(
-                ("head",), p.ft_etf_lr, epochs=p.ft_alt_epochs, loss_fn=ce, stream="finetune",
+                ("head",), p.ft_etf_lr, epochs=p.ft_alt_epochs, loss_fn=ce, stream=stream,
                 momentum_factor=0.0, weight_decay=0.0,
             )  # fmt: skip
-            ctx.train(("filter",), p.ft_proj_lr, epochs=p.ft_alt_epochs, loss_fn=ce, stream="finetune")
+            ctx.train(("filter",), p.ft_proj_lr, epochs=p.ft_alt_epochs, loss_fn=ce, stream=stream)
         return ctx.model
 
 

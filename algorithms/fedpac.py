@@ -167,7 +167,7 @@ class FedPAC(Algorithm[PACState]):
 
     def plan(self, state: PACState, rnd: int, sampled: Sequence[int]) -> list[Job]:
         if self.params.all_in_last_round and rnd == self.cfg.rounds:
-            sampled = range(self.cfg.clients)  # so every client's final head is a combined one
+            sampled = self.cfg.training_clients  # so every client's final head is a combined one
         lr = self.lr(rnd)
         return [
             Job((c,), PACPayload(state.body, state.heads[c], state.centroids, state.centroid_mask, lr))

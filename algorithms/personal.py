@@ -14,6 +14,7 @@ import numpy as np
 from algorithms.base import Evaluation
 from algorithms.fedavg import AveragedWeights, GlobalState
 from raysim.capabilities.batching import Batching
+from raysim.engine.evaluation import adapt_newcomer
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, WeightsPayload
 
@@ -119,13 +120,34 @@ class SharedAndPersonal(AveragedWeights):
     def evaluation(self, state: GlobalState) -> Evaluation:
         return SharedAndPersonalEvaluation(state.weights)
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer starts from the shared parts (none shared: Local's, nothing to start from)."""
+        return cfg.eval.new_clients > 0 and bool(cls.shared_parts)
+
 
 class SharedAndPersonalEvaluation(Evaluation):
-    """The shared weights; a client's personal model is them with its own parts."""
+    """The shared weights; a client's personal model is them with its own parts. A newcomer
+    (``eval.new_clients``) takes the shared weights with the initial model's personal parts and
+    trains its personal parts, pass by pass as the algorithm's local update does (only the passes'
+    personal parts, for ``eval.new_client_epochs`` each); it predicts as a personal model does."""
 
     def personal_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel:
         ctx.load(self.payload.merged(algo.own_parts(ctx)))
         return ctx.model
+
+    def newcomer_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel | None:
+        if not algo.shared_parts:  # nothing is shared: a newcomer has nothing to start from (Local)
+            return None
+        ctx.load(self.payload.merged(ctx.initial_weights.select(algo.personal_parts)))
+        for step in algo.passes():
+            parts = tuple(p for p in step.parts if p in algo.personal_parts)
+            if parts:
+                adapt_newcomer(algo, ctx, parts, step.loss_of(ctx))
+        return ctx.model
+
+    def newcomer_forward(self, algo: SharedAndPersonal, model: SplitModel) -> Any:
+        return self.forward(algo, model)
 
 
 __all__ = ["Pass", "SharedAndPersonal"]

@@ -134,6 +134,11 @@ class DataConfig:
     #: hold out this fraction of each client's training data as its validation part (never trained
     #: on), for model selection such as Fed3+2p's automatic phase switch
     val_fraction: float = setting(0.0, at_least=0, below=1)
+    #: data whose features differ between clients (raysim.data.feature_shift): none, rotate:K (the
+    #: clients split into K domains, domain d's images rotated by 360/K * d degrees, IFCA's rotated
+    #: MNIST) or corrupt:K (K domains, each one fixed corruption at a fixed strength); any label
+    #: partition. Each client's P-Test is in its own domain; G-Test is its union over the domains
+    feature_shift: str = "none"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -205,6 +210,13 @@ class EvalConfig:
     target_metric: Literal["auto", "gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest"] = "auto"
     #: end the run after the first evaluation that reaches ``target`` (its summary written)
     stop_at_target: bool = False
+    #: hold out this share of the clients (a seeded draw): they are never sampled, and at each
+    #: evaluation they start from the shared model the way the algorithm says a newcomer would
+    #: (``new_gm_ptest``, ``new_lm_ptest``)
+    new_clients: float = setting(0.0, at_least=0, below=1)
+    #: the epochs a held-out client adapts for (the personal parts, or the whole model, by
+    #: default); None: the local epochs E
+    new_client_epochs: int | None = setting(None, at_least=0)
 
 
 @dataclass(frozen=True)
@@ -385,8 +397,23 @@ class ExperimentConfig:
         return max(1, int(self.ray.cpus_per_worker + 1e-9) // self.train_threads)
 
     @property
+    def new_clients(self) -> tuple[int, ...]:
+        """The clients held out of training (``eval.new_clients``): ``round(F * clients)`` of them,
+        at least one when F > 0, a seeded draw (:func:`raysim.rng.held_out_clients`), sorted."""
+        from raysim.rng import held_out_clients
+
+        return held_out_clients(self.seed, self.clients, self.eval.new_clients)
+
+    @property
+    def training_clients(self) -> tuple[int, ...]:
+        """The clients that may be sampled: every client but :attr:`new_clients`, in id order."""
+        held = set(self.new_clients)
+        return tuple(c for c in range(self.clients) if c not in held)
+
+    @property
     def clients_per_round(self) -> int:
-        return max(1, round(self.participation * self.clients))
+        """K: the participation's share of the clients that may be sampled."""
+        return max(1, round(self.participation * len(self.training_clients)))
 
 
 # --------------------------------------------------------------------------------------------------

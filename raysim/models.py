@@ -30,6 +30,8 @@ __all__ = [
     "L2Normalize",
     "ModuleLayout",
     "SplitModel",
+    "StrictBatchNorm1d",
+    "batch_norm_mask",
     "WeightsLoader",
     "build_model",
     "float_tensors",
@@ -93,9 +95,34 @@ class L2Normalize(nn.Module):
         return nn.functional.normalize(x, dim=1, eps=1e-12)
 
 
+class StrictBatchNorm1d(nn.BatchNorm1d):
+    """``nn.BatchNorm1d`` that refuses a training batch of one sample in a sentence that says what
+    to set. PyTorch refuses it too (one value per feature has no variance), with an error that names
+    neither the batch nor the setting; a client whose size leaves one sample over for its last
+    mini-batch meets it in whichever round it trains. The same layer otherwise: its state dict and
+    numbers are ``nn.BatchNorm1d``'s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] == 1:
+            raise ConfigError(
+                "A BatchNorm1d layer cannot normalise a training batch of one sample (a client's last, "
+                "partial mini-batch): set train.drop_last=true, or a train.batch_size that leaves no "
+                "sample alone."
+            )
+        out: torch.Tensor = super().forward(x)
+        return out
+
+
 def _flat_dim(module: nn.Module, input_shape: Sequence[int]) -> int:
-    with torch.no_grad():
-        return int(module(torch.zeros(1, *input_shape)).shape[1])
+    """The width of ``module``'s output on one input of ``input_shape``, read in eval mode: a
+    BatchNorm layer then neither moves its running statistics nor refuses a batch of one."""
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            return int(module(torch.zeros(1, *input_shape)).shape[1])
+    finally:
+        module.train(was)
 
 
 def _conv_stack(
@@ -105,11 +132,17 @@ def _conv_stack(
     act: Callable[[], nn.Module],
     padding: int = 0,
     pool_after: Sequence[bool] | None = None,
+    batch_norm: bool = False,
 ) -> list[nn.Module]:
+    """Each convolution (with ``batch_norm``, then a BatchNorm2d), ``act`` and a max-pool 2 where
+    ``pool_after`` says (default: after every one)."""
     layers: list[nn.Module] = []
     pools = pool_after if pool_after is not None else [True] * len(channels)
     for out_ch, pool in zip(channels, pools, strict=True):
-        layers += [nn.Conv2d(in_ch, out_ch, kernel, padding=padding), act()]
+        layers.append(nn.Conv2d(in_ch, out_ch, kernel, padding=padding))
+        if batch_norm:
+            layers.append(nn.BatchNorm2d(out_ch))
+        layers.append(act())
         if pool:
             layers.append(nn.MaxPool2d(2))
         in_ch = out_ch
@@ -117,33 +150,56 @@ def _conv_stack(
 
 
 def _with_fc(
-    convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module
+    convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module, batch_norm: bool = False
 ) -> tuple[nn.Sequential, int]:
-    """convs, flatten, then FC ``width`` + act: the extractor of FedFCD's and FedPAC's CNNs."""
+    """convs, flatten, then FC ``width`` (with ``batch_norm``, then a BatchNorm1d) + act: the
+    extractor of FedFCD's and FedPAC's CNNs."""
     body = nn.Sequential(*convs, nn.Flatten())
     flat = _flat_dim(body, input_shape)
-    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, width), act), width
+    norm: list[nn.Module] = [StrictBatchNorm1d(width)] if batch_norm else []
+    return nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, width), *norm, act), width
 
 
 def cnn3p2(
-    input_shape: Sequence[int], num_classes: int, channels: Sequence[int], kernel: int, hidden: int
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int],
+    kernel: int,
+    hidden: int,
+    batch_norm: bool = False,
 ) -> SplitModel:
     """Fed3+2p's ConvNet (its paper's "Backbones"): convolutions with ReLU and max-pool as the
-    extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head."""
+    extractor, FC ``hidden`` + ReLU as the filter, FC ``num_classes`` as the G-head. With
+    ``batch_norm``, a BatchNorm after each convolution and after the filter's FC, before the ReLU."""
     pools = [True] * len(channels)
     if len(channels) == 3:  # the CIFAR net: conv-pool, conv-pool, conv
         pools[-1] = False
     extractor = nn.Sequential(
-        *_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools), nn.Flatten()
+        *_conv_stack(input_shape[0], channels, kernel, nn.ReLU, pool_after=pools, batch_norm=batch_norm),
+        nn.Flatten(),
     )
     d = _flat_dim(extractor, input_shape)
-    filt = nn.Sequential(nn.Linear(d, hidden), nn.ReLU())
+    filt = nn.Sequential(
+        nn.Linear(d, hidden), *([StrictBatchNorm1d(hidden)] if batch_norm else []), nn.ReLU()
+    )
     return SplitModel(extractor, filt, nn.Linear(hidden, num_classes), d, num_classes)
 
 
 def cnn3p2_fmnist(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     """conv 32, conv 64 (5x5, ReLU, max-pool 2) | FC 50 | FC 10."""
     return cnn3p2(input_shape, num_classes, (32, 64), 5, 50)
+
+
+def cnn3p2_fmnist_bn(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """``cnn3p2_fmnist`` with batch normalisation, for FedBN: conv 32, conv 64 (5x5, each followed
+    by a BatchNorm2d, then ReLU and max-pool 2) | FC 50, BatchNorm1d, ReLU | FC 10. A BatchNorm sits
+    right after every convolution and every FC layer but the last, before the activation, as in
+    FedBN's own models (Li et al., ICLR 2021; the authors' ``DigitModel`` and ``AlexNet``,
+    med-air/FedBN ``nets/models.py``, read at commit 655f5f3). Its running statistics and affine
+    parameters are entries of the parts' flat arrays like any other weight. A training batch of
+    one sample cannot be normalised by the BatchNorm1d (:class:`StrictBatchNorm1d` refuses it):
+    where a client's size leaves one sample over, set ``train.drop_last``."""
+    return cnn3p2(input_shape, num_classes, (32, 64), 5, 50, batch_norm=True)
 
 
 def cnn3p2_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
@@ -171,15 +227,24 @@ def cnn_fcd(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
 
 
-def _pac(input_shape: Sequence[int], num_classes: int, convs: Sequence[tuple[int, int, int]]) -> SplitModel:
+def _pac(
+    input_shape: Sequence[int],
+    num_classes: int,
+    convs: Sequence[tuple[int, int, int]],
+    batch_norm: bool = False,
+) -> SplitModel:
     """Each conv ``(channels, kernel, padding)`` then a 2x2 max-pool and LeakyReLU (the authors
-    apply LeakyReLU before the pool: the same numbers, as LeakyReLU is monotone), then FC 128."""
+    apply LeakyReLU before the pool: the same numbers, as LeakyReLU is monotone), then FC 128.
+    With ``batch_norm``, a BatchNorm2d right after each conv and a BatchNorm1d after the FC."""
     layers: list[nn.Module] = []
     in_ch = input_shape[0]
     for out_ch, kernel, padding in convs:
-        layers += [nn.Conv2d(in_ch, out_ch, kernel, padding=padding), nn.MaxPool2d(2), nn.LeakyReLU()]
+        layers.append(nn.Conv2d(in_ch, out_ch, kernel, padding=padding))
+        if batch_norm:
+            layers.append(nn.BatchNorm2d(out_ch))
+        layers += [nn.MaxPool2d(2), nn.LeakyReLU()]
         in_ch = out_ch
-    extractor, d = _with_fc(layers, input_shape, 128, nn.LeakyReLU())
+    extractor, d = _with_fc(layers, input_shape, 128, nn.LeakyReLU(), batch_norm=batch_norm)
     return SplitModel(extractor, nn.Identity(), nn.Linear(d, num_classes), d, num_classes)
 
 
@@ -190,6 +255,19 @@ def cnn_pac(input_shape: Sequence[int], num_classes: int) -> SplitModel:
     LeakyReLU | - | FC C; on 28x28 inputs the FC reads 32 x 5 x 5 = 800 values. (Before commit
     3833de0 the second conv had no padding, 512 values: results pages of code before then used it.)"""
     return _pac(input_shape, num_classes, ((16, 5, 0), (32, 5, 1)))
+
+
+def cnn_pac_bn(input_shape: Sequence[int], num_classes: int) -> SplitModel:
+    """``cnn_pac`` with batch normalisation, for FedBN: conv 16 5x5, BatchNorm2d, max-pool,
+    LeakyReLU; conv 32 5x5 (padding 1), BatchNorm2d, max-pool, LeakyReLU; FC 128, BatchNorm1d,
+    LeakyReLU | - | FC C. A BatchNorm sits right after every convolution and every FC layer but the
+    last, before pooling and the activation, as in FedBN's own models (Li et al., ICLR 2021; the
+    authors' ``DigitModel`` and ``AlexNet``, med-air/FedBN ``nets/models.py``, read at commit
+    655f5f3). Its running statistics and affine parameters are entries of the extractor's flat
+    array like any other weight. A training batch of one sample cannot be normalised by the
+    BatchNorm1d (:class:`StrictBatchNorm1d` refuses it): where a client's size leaves one sample
+    over, set ``train.drop_last``."""
+    return _pac(input_shape, num_classes, ((16, 5, 0), (32, 5, 1)), batch_norm=True)
 
 
 def cnn_pac_cifar(input_shape: Sequence[int], num_classes: int) -> SplitModel:
@@ -396,6 +474,36 @@ def float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     if floats is None:
         return [t for t in module.state_dict(keep_vars=True).values() if t.is_floating_point()]
     return list(floats)
+
+
+_bn_masks: weakref.WeakKeyDictionary[torch.nn.Module, tuple[ModuleLayout, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def batch_norm_mask(model: SplitModel, part: str) -> np.ndarray:
+    """Which entries of part ``part``'s flat array (:func:`get_part`) belong to batch-norm layers
+    (their weight, bias, running mean and running variance; ``num_batches_tracked`` is an integer
+    buffer and no entry): a read-only boolean array as long as the part's. Read once per part's
+    module tree (:func:`layout`) and kept with it."""
+    module = model.part(part)
+    lay = layout(module)
+    found = _bn_masks.get(module)
+    if found is not None and found[0] is lay and lay.current():
+        return found[1]
+    held = {
+        id(t)
+        for m in lay.modules
+        if torch_internals.is_batch_norm(m)
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    }
+    tensors = float_tensors(module)
+    mask = (
+        np.concatenate([np.full(t.numel(), id(t) in held) for t in tensors]) if tensors else np.zeros(0, bool)
+    )
+    mask.flags.writeable = False
+    _bn_masks[module] = (lay, mask)
+    return mask
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:

@@ -84,6 +84,10 @@ class ClientEval:
     ulm_correct: int | None = None
     #: ``eval.analyses``: the global model on G-Test's observed/unobserved classes (raysim.results.analysis)
     gm_split: dict[str, float | None] | None = None
+    #: held out of training (``eval.new_clients``): ``lm_correct`` is its newcomer model's
+    new: bool = False
+    #: ``data.feature_shift``: the client's domain (None without a shift)
+    domain: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class EvalReport:
     gm_class_acc: list[float | None] | None = None
     #: ``eval.features``: the features of the fixed G-Test sample, the global model's then each client's
     features: tuple[tuple[str, np.ndarray], ...] = ()
+    #: ``data.feature_shift``: the global model's correct predictions and the sample count on each
+    #: domain's copy of G-Test (empty without a shift, or without a global model)
+    gtest_domains: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -524,6 +524,43 @@ def parse_test_mode(text: str) -> KindSpec:
     return parse_kind(text, TEST_MODES)
 
 
+@dataclass(frozen=True)
+class FeatureShiftEntry:
+    """A feature shift (``data.feature_shift``, :mod:`raysim.data.feature_shift`): ``transform(x,
+    domain, num_domains, rng, bounded)`` turns float32 ``(n, C, H, W)`` images into domain
+    ``domain``'s (``bounded``: uint8 images scaled to [0, 1]); None for ``none``. ``most_domains``:
+    the most domains it can make (0: any)."""
+
+    transform: Ref | None
+    param: Param
+    description: str
+    most_domains: int = 0
+
+
+FEATURE_SHIFTS: Registry[FeatureShiftEntry] = Registry("feature shift")
+_F = "raysim.data.feature_shift:"
+FEATURE_SHIFTS.register("none", FeatureShiftEntry(None, Param("none"), "every client's data as it is"))
+FEATURE_SHIFTS.register(
+    "rotate",
+    FeatureShiftEntry(
+        _F + "rotate", Param("whole", None, "domains K"), "domain d's images rotated by 360/K * d degrees"
+    ),
+)
+FEATURE_SHIFTS.register(
+    "corrupt",
+    FeatureShiftEntry(
+        _F + "corrupt",
+        Param("whole", None, "domains K"),
+        "domain d's images under the d-th of raysim.data.feature_shift.CORRUPTIONS, at its fixed strength",
+        most_domains=6,
+    ),
+)
+
+
+def parse_feature_shift(text: str) -> KindSpec:
+    return parse_kind(text, FEATURE_SHIFTS)
+
+
 def usages(registry: Registry[Any]) -> str:
     """``iid, dirichlet:A, ...``: how each entry of a registry of parametrised kinds is written."""
     return ", ".join(entry.param.usage(name) for name, entry in registry.items())
@@ -546,6 +583,11 @@ class ModelEntry:
     description: str = ""
     #: whether clients can train on it batched (``train.batch_clients``): not with BatchNorm
     batchable: bool = True
+    #: whether it has BatchNorm layers (FedBN keeps them local)
+    batch_norm: bool = False
+    #: whether it trains on a batch of one sample: not with a BatchNorm after a fully connected
+    #: layer, which cannot normalise one value per channel (a run that would is refused)
+    single_sample_batches: bool = True
 
     def check_input(self, name: str, shape: tuple[int, ...]) -> None:
         """ConfigError unless inputs of ``shape`` (one sample's) fit this model."""
@@ -566,14 +608,44 @@ class ModelEntry:
 MODELS: Registry[ModelEntry] = Registry("model")
 _M = "raysim.models:"
 MODELS.register("cnn3p2_fmnist", ModelEntry(_M + "cnn3p2_fmnist", 50, 16, description="Fed3+2p's FMNIST CNN"))
+MODELS.register(
+    "cnn3p2_fmnist_bn",
+    ModelEntry(
+        _M + "cnn3p2_fmnist_bn",
+        50,
+        16,
+        description="cnn3p2_fmnist with BatchNorm (FedBN's placement)",
+        batchable=False,
+        batch_norm=True,
+        single_sample_batches=False,
+    ),
+)
 MODELS.register("cnn3p2_cifar", ModelEntry(_M + "cnn3p2_cifar", 64, 18, description="Fed3+2p's CIFAR CNN"))
 MODELS.register("mlp_fcd", ModelEntry(_M + "mlp_fcd", 100, description="FedFCD's FMNIST MLP"))
 MODELS.register("cnn_fcd", ModelEntry(_M + "cnn_fcd", 512, 4, description="FedFCD's CIFAR-10 CNN"))
 MODELS.register("cnn_pac", ModelEntry(_M + "cnn_pac", 128, 12, description="FedPAC's (E)MNIST/FMNIST CNN"))
+MODELS.register(
+    "cnn_pac_bn",
+    ModelEntry(
+        _M + "cnn_pac_bn",
+        128,
+        12,
+        description="cnn_pac with BatchNorm (FedBN's placement)",
+        batchable=False,
+        batch_norm=True,
+        single_sample_batches=False,
+    ),
+)
 MODELS.register("cnn_pac_cifar", ModelEntry(_M + "cnn_pac_cifar", 128, 16, description="FedPAC's CIFAR CNN"))
 MODELS.register("vgg11", ModelEntry(_M + "vgg11", 512, 32, description="VGG-11 for 32x32 images"))
-MODELS.register("mobilenet", ModelEntry(_M + "mobilenet", 1024, description="MobileNet v1 for 32x32 images", batchable=False))
-MODELS.register("resnet18", ModelEntry(_M + "resnet18", 512, description="ResNet-18 for 32x32 images", batchable=False))
+MODELS.register(
+    "mobilenet",
+    ModelEntry(_M + "mobilenet", 1024, description="MobileNet v1 for 32x32 images", batchable=False, batch_norm=True),
+)
+MODELS.register(
+    "resnet18",
+    ModelEntry(_M + "resnet18", 512, description="ResNet-18 for 32x32 images", batchable=False, batch_norm=True),
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -707,6 +779,8 @@ __all__ = [
     "DatasetInfo",
     "EXECUTORS",
     "ExecutorEntry",
+    "FEATURE_SHIFTS",
+    "FeatureShiftEntry",
     "MODELS",
     "ModelEntry",
     "PARTITIONS",
@@ -724,6 +798,7 @@ __all__ = [
     "load_ref",
     "parse_kind",
     "parse_partition",
+    "parse_feature_shift",
     "parse_test_mode",
     "usages",
 ]

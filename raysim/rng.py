@@ -37,3 +37,25 @@ def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int) -> lis
         return list(range(num_clients))
     rng = generator(seed, "sample", rnd)
     return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def new_client_count(num_clients: int, share: float) -> int:
+    """How many of ``num_clients`` clients ``eval.new_clients=share`` holds out: ``round(share *
+    num_clients)``, at least one when ``share`` > 0."""
+    return 0 if share <= 0 else max(1, round(share * num_clients))
+
+
+_HELD_OUT: dict[tuple[int, int, float], tuple[int, ...]] = {}
+
+
+def held_out_clients(seed: int, num_clients: int, share: float) -> tuple[int, ...]:
+    """The clients ``eval.new_clients=share`` holds out of training, sorted: a draw without
+    replacement on the seed's own stream ("new_clients"), so every process of a run holds out the
+    same ones."""
+    key = (seed, num_clients, share)
+    if key not in _HELD_OUT:
+        n = new_client_count(num_clients, share)
+        picked = generator(seed, "new_clients").choice(num_clients, size=n, replace=False) if n else np.zeros(0, np.int64)
+        _HELD_OUT[key] = tuple(sorted(int(c) for c in picked))
+    return _HELD_OUT[key]
+

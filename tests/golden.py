@@ -120,6 +120,14 @@ CASES: dict[str, dict[str, Any]] = {
     "gpfl": {"algo": "gpfl"},
     "fedntd": {"algo": "fedntd"},
     "fedexp": {"algo": "fedexp"},
+    "fedbn": {"algo": "fedbn", "model": "cnn3p2_fmnist_bn", "train.drop_last": True},
+    "lgfedavg": {"algo": "lgfedavg"},
+    "moon": {"algo": "moon"},
+    "apfl": {"algo": "apfl"},
+    "apfl-fixed": {"algo": "apfl", "algo.adapt_alpha": False, "algo.alpha": 0.25},
+    "fedala": {"algo": "fedala"},
+    "fedfomo": {"algo": "fedfomo", "data.val_fraction": 0.2, "algo.m": 3},
+    "ifca": {"algo": "ifca", "algo.num_clusters": 3},
     "fedavg-kd-ld-prox": {"algo": "fedavg", "algo.regularizers": ["kd", "ld", "prox"]},
     "fedbabu-ntd-fd-ft": {"algo": "fedbabu", "algo.regularizers": ["ntd", "fd"], "algo.reg_beta": 0.5},
     "fedavg-ft": {"algo": "fedavg", "algo.ft_epochs": 1},
@@ -137,6 +145,12 @@ CASES: dict[str, dict[str, Any]] = {
         "deployment.staleness": "hinge:2:1",
         "deployment.max_staleness": 4,
     },
+    # clients held out of training, each evaluated as a newcomer (eval.new_clients)
+    "fedavg-new-clients": {"algo": "fedavg", "eval.new_clients": 0.25, "eval.new_client_epochs": 1},
+    "fedper-new-clients": {"algo": "fedper", "eval.new_clients": 0.25, "eval.new_client_epochs": 1},
+    # features that differ between clients: four rotated domains, G-Test reported per domain
+    "fedavg-rotate": {"algo": "fedavg", "data.feature_shift": "rotate:4"},
+    "fedavg-corrupt": {"algo": "fedavg", "data.feature_shift": "corrupt:6"},
     # the NCHW layout (train.channels_last=false): the numbers recorded before channels-last came
     "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
 }

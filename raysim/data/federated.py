@@ -8,6 +8,7 @@ gathers its samples as normalised float32 with :meth:`ArrayDataset.features`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,15 @@ import numpy as np
 
 from raysim.config import DataConfig
 from raysim.data.datasets import ArrayDataset, load_dataset
+from raysim.data.feature_shift import (
+    FeatureShift,
+    assign_domains,
+    check_feature_shift,
+    check_images,
+    domain_copies,
+    noise_generator,
+    shift_by_owner,
+)
 from raysim.data.partition import label_entropy, matched_test_indices, partition_indices
 from raysim.errors import ConfigError
 from raysim.registry import TEST_MODES, load_ref, parse_partition, parse_test_mode
@@ -30,8 +40,10 @@ class FederatedData:
     ``client_train[i]`` indexes ``train`` and ``client_test[i]`` indexes ``ptest`` (sorted int64).
     In ``matched`` test mode ``train`` is the official train set and ``ptest`` is ``gtest``; in
     ``split`` mode ``train`` is the official train and test sets pooled and ``ptest`` is that same
-    object (uint8 images still, with the official sets' shared mean and std). ``gtest`` is always
-    the official test set, whole.
+    object (uint8 images still, with the official sets' shared mean and std). ``gtest`` is the
+    official test set, whole; under a feature shift (``data.feature_shift``,
+    :mod:`raysim.data.feature_shift`) it is the K domains' copies of it, and every client's
+    samples, its P-Test among them, are in its domain.
     """
 
     train: ArrayDataset
@@ -42,6 +54,11 @@ class FederatedData:
     #: per client, indices into ``train`` held out from training (``data.val_fraction``); empty
     #: arrays when there is no validation part
     client_val: tuple[np.ndarray, ...] = ()
+    #: under a feature shift, each client's domain (int64, 0 to K - 1); None without one
+    client_domains: np.ndarray | None = None
+    #: under a feature shift, each G-Test sample's domain (int64): domain d's copy of the official
+    #: test set is ``gtest[d * n : (d + 1) * n]``; None without one
+    gtest_domains: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.client_train) != len(self.client_test):
@@ -51,6 +68,17 @@ class FederatedData:
             object.__setattr__(self, "client_val", empty)
         if len(self.client_val) != len(self.client_train):
             raise ValueError("client_val must have one entry per client.")
+        if (self.client_domains is None) != (self.gtest_domains is None):
+            raise ValueError("client_domains and gtest_domains are given together, or neither.")
+        if self.client_domains is not None and len(self.client_domains) != len(self.client_train):
+            raise ValueError("client_domains must have one entry per client.")
+        if self.gtest_domains is not None and len(self.gtest_domains) != len(self.gtest):
+            raise ValueError("gtest_domains must have one entry per G-Test sample.")
+
+    @property
+    def num_domains(self) -> int:
+        """The feature shift's domains K (0 without one)."""
+        return 0 if self.client_domains is None else int(self.client_domains.max()) + 1
 
     @property
     def num_clients(self) -> int:
@@ -86,13 +114,16 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int, *, quiet:
     by the registered test mode (:data:`raysim.registry.TEST_MODES`); log the split's sizes unless
     ``quiet`` (the driver's check of a generated dataset, which is built again for the run).
 
-    The partition draws from ``SeedSequence([seed, 1])`` and the test sets from
-    ``SeedSequence([seed, 2])``, so a seed gives the same split on every machine.
+    The partition draws from ``SeedSequence([seed, 1])``, the test sets from
+    ``SeedSequence([seed, 2])``, the validation parts from ``[seed, 3]`` and a feature shift
+    (``cfg.feature_shift``, :func:`apply_feature_shift`) from ``[seed, 4]``
+    and ``[seed, 5]``, so a seed gives the same data on every machine.
     """
     if num_clients < 1:
         raise ConfigError(f"The number of clients must be at least 1, not {num_clients}.")
     spec = parse_partition(cfg.partition)
     test_mode = parse_test_mode(cfg.test_mode)
+    shift = check_feature_shift(cfg, num_clients)
     train, test = load_dataset(cfg, seed)
     partition_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     test_rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
@@ -116,6 +147,7 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int, *, quiet:
             kept.append(np.sort(shuffled[n_val:]))
         data = FederatedData(data.train, data.gtest, data.ptest, tuple(kept), data.client_test, tuple(held))
 
+    data = apply_feature_shift(data, shift, seed)  # the same data when there is none
     if quiet:
         return data
     sizes = np.array([len(i) for i in data.client_train])
@@ -130,7 +162,68 @@ def build_federated_data(cfg: DataConfig, num_clients: int, seed: int, *, quiet:
         sizes.max(),
         float(label_entropy(data.train_label_counts()).mean()),
     )
+    if shift.shifts:
+        logger.info(describe_shift(data, shift))
     return data
+
+
+def apply_feature_shift(data: FederatedData, shift: FeatureShift, seed: int) -> FederatedData:
+    """``data`` with every client's samples in its domain and G-Test the K domains' copies of the
+    official test set (:mod:`raysim.data.feature_shift`); ``data`` itself when the shift is ``none``.
+
+    Where the P-Tests index G-Test (``matched``, ``natural``) each client's indices move into its
+    domain's copy; where they index the pool (``split``) each pooled sample is transformed by its
+    owner's domain. Either way a client's training samples and validation part are transformed by
+    its domain, and a sample that no client owns stays as it is.
+    """
+    if not shift.shifts:
+        return data
+    k = shift.domains
+    check_images(shift, data.train.input_shape, data.train.name)
+    client_domains = assign_domains(data.num_clients, k, seed)
+    rng = noise_generator(seed)
+    pooled = data.ptest is data.train  # split: the P-Tests index the pool
+    if not pooled and data.ptest is not data.gtest:
+        raise ValueError("A feature shift needs the clients' P-Tests to index either the pool or G-Test.")
+    owner = np.full(len(data.train), -1, dtype=np.int64)  # each training-side sample's domain
+    for i, d in enumerate(client_domains):
+        for idx in (data.client_train[i], data.client_val[i], *((data.client_test[i],) if pooled else ())):
+            if np.any((owner[idx] >= 0) & (owner[idx] != d)):
+                raise ValueError(f"Client {i} shares training samples with a client of another domain.")
+            owner[idx] = d
+    train = dataclasses.replace(data.train, x=shift_by_owner(data.train.x, owner, shift, rng))
+    n = len(data.gtest)
+    gtest = domain_copies(data.gtest, shift, rng)
+    if pooled:
+        ptest, client_test = train, data.client_test
+    else:
+        ptest = gtest
+        client_test = tuple(idx + d * n for idx, d in zip(data.client_test, client_domains, strict=True))
+    return dataclasses.replace(
+        data,
+        train=train,
+        gtest=gtest,
+        ptest=ptest,
+        client_test=client_test,
+        client_domains=client_domains,
+        gtest_domains=np.repeat(np.arange(k, dtype=np.int64), n),
+    )
+
+
+def describe_shift(data: FederatedData, shift: FeatureShift) -> str:
+    """The build's line on a feature shift: each domain's clients and training samples."""
+    assert data.client_domains is not None
+    k, sizes = shift.domains, np.array([len(i) for i in data.client_train])
+    parts = [
+        f"{d} ({shift.domain_name(d)}): {int((data.client_domains == d).sum())} clients, "
+        f"{int(sizes[data.client_domains == d].sum())} training samples"
+        for d in range(k)
+    ]
+    return (
+        f"Feature shift {shift} over {k} domains: "
+        + "; ".join(parts)
+        + f"; G-Test is their {k} copies of the test set, {len(data.gtest)} samples."
+    )
 
 
 TestSets = tuple[ArrayDataset, ArrayDataset, list[np.ndarray], list[np.ndarray]]

@@ -319,11 +319,11 @@ class Deployment:
         return self.draw(rnd, 0, pool, self.cohort())
 
     def available(self, rnd: int, now_s: float) -> list[int]:
-        """The clients available at ``now_s`` in round ``rnd``, in id order."""
-        n = self.cfg.clients
+        """The clients available at ``now_s`` in round ``rnd``, in id order (of those that train)."""
+        clients = self.cfg.training_clients  # never one held out as a new client (eval.new_clients)
         if self.d.availability == "always":
-            return list(range(n))
-        return [c for c in range(n) if self.availability.online(self.cfg.seed, rnd, c, now_s)]
+            return list(clients)
+        return [c for c in clients if self.availability.online(self.cfg.seed, rnd, c, now_s)]
 
     def draw(self, rnd: int, batch: int, pool: Sequence[int], k: int) -> list[int]:
         """``k`` of ``pool`` uniformly without replacement, sorted: a round's first draw
@@ -339,7 +339,7 @@ class Deployment:
     def idle_s(self, now_s: float, clients: Sequence[int] | None = None) -> float:
         """How long a round in which no client is available lasts: until one of ``clients``
         (default: the run's) is (under an availability trace; 0 for a draw per round)."""
-        clients = range(self.cfg.clients) if clients is None else clients
+        clients = self.cfg.training_clients if clients is None else clients
         wait = float(self.availability.next_online_s(now_s, clients))
         return wait if math.isfinite(wait) else 0.0
 
@@ -479,8 +479,10 @@ def check(cfg: ExperimentConfig) -> None:
                 f"The {d.policy} policy closes a synchronous round; in async mode the server steps every "
                 "deployment.buffer updates instead."
             )
-        if concurrency > cfg.clients:
-            raise ConfigError(f"deployment.concurrency ({concurrency}) cannot exceed the clients ({cfg.clients}).")
+        if concurrency > len(cfg.training_clients):
+            raise ConfigError(
+                f"deployment.concurrency ({concurrency}) cannot exceed the clients that train ({len(cfg.training_clients)})."
+            )
         if buffer > concurrency:
             raise ConfigError(
                 f"deployment.buffer ({buffer}) cannot exceed deployment.concurrency ({concurrency}): "

@@ -206,7 +206,8 @@ class ClientRuntime(ClientWorkspace):
     ) -> EvalPart:
         """The global model's correctness on ``targets`` (each test sample is predicted once, by
         one worker) and the personalised models' correct counts on ``clients``' P-Tests, the models
-        built by the server's ``evaluation`` (the algorithm's ``evaluation(state)``)."""
+        built by the server's ``evaluation`` (the algorithm's ``evaluation(state)``): a newcomer's
+        (``eval.new_clients``) for a client held out of training, else the client's own."""
         torch.set_num_threads(self.cfg.train_threads)
         bs = self.cfg.eval.batch_size
         global_correct: list[np.ndarray] = []
@@ -231,15 +232,22 @@ class ClientRuntime(ClientWorkspace):
         if export and gm is not None and any(t.leads for t in targets):
             features.append(("global", self._sample_features(gm)))
         personal: list[tuple[int, int | None]] = []
+        newcomers = set(self.cfg.new_clients)
         for c in clients:
-            pm = evaluation.personal_model(self.algo, ClientContext(self, c, rnd, evaluating=True))
+            ctx = ClientContext(self, c, rnd, evaluating=True)
+            if c in newcomers:  # held out of training: adapted as a newcomer would (eval.new_clients)
+                pm = evaluation.newcomer_model(self.algo, ctx)
+                forward_of = evaluation.newcomer_forward
+            else:
+                pm = evaluation.personal_model(self.algo, ctx)
+                forward_of = evaluation.forward
             if pm is None:
                 personal.append((c, None))
                 continue
             pm.eval()
             if export:
                 features.append((f"client_{c}", self._sample_features(pm)))
-            forward = evaluation.forward(self.algo, pm)
+            forward = forward_of(self.algo, pm)
             personal.append(
                 (c, int(self._correct_on(forward, self.data.ptest, self.data.client_test[c], bs).sum()))
             )

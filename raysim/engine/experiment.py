@@ -45,6 +45,7 @@ from raysim.registry import (
     parse_test_mode,
 )
 from raysim.results.trackers import check_trackers
+from raysim.rng import new_client_count
 
 
 def algorithm_class(name: str) -> type[AlgorithmHooks]:
@@ -214,6 +215,12 @@ def _check_training(cfg: ExperimentConfig) -> None:
     with it in raysim/config.py and checked as the config is built)."""
     if any(not 0 < m < 1 for m in cfg.train.lr_milestones):
         raise ConfigError("Learning-rate milestones are fractions of the rounds, each in (0, 1).")
+    held = new_client_count(cfg.clients, cfg.eval.new_clients)
+    if held >= cfg.clients:
+        raise ConfigError(
+            f"eval.new_clients={cfg.eval.new_clients} holds out {held} of the {cfg.clients} clients, "
+            "leaving none to train: hold out a smaller share."
+        )
 
 
 def _check_output(cfg: ExperimentConfig) -> None:
@@ -260,6 +267,9 @@ def _check_data(cfg: ExperimentConfig) -> DatasetInfo:
     pool = info.train_size + (info.test_size if TEST_MODES.get(test_mode.kind).pools_test_set else 0)
     feasible = load_ref(PARTITIONS.get(partition.kind).feasible)
     feasible(partition.param, cfg.clients, info.num_classes, pool, d)
+    from raysim.data.feature_shift import check_feature_shift
+
+    check_feature_shift(d, cfg.clients)  # data.feature_shift: its domains and the samples' shape
     if not entry.reads_files:
         # a generated dataset costs little to make (the synthetic set's default size in tens of
         # milliseconds): made and split here, whatever its split cannot do (a Dirichlet draw that

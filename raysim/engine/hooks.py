@@ -54,6 +54,9 @@ class AlgorithmHooks(Protocol):
     def evaluates_personal(cls, cfg: ExperimentConfig) -> bool: ...
 
     @classmethod
+    def evaluates_newcomers(cls, cfg: ExperimentConfig) -> bool: ...
+
+    @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]: ...
 
     @classmethod

@@ -40,7 +40,7 @@ from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
 from raysim.plugins import registered_callbacks
 from raysim.records import EvalReport, RoundStats, RunTotals
-from raysim.registry import DATASETS, EXECUTORS, load_ref
+from raysim.registry import DATASETS, EXECUTORS, MODELS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
 from raysim.results.output import (
     BaseCallback,
@@ -147,7 +147,25 @@ def startup_origin(called_at: float) -> float:
 def prepare(cfg: ExperimentConfig) -> FederatedData:
     """Check ``cfg``, then load and partition the data."""
     validate(cfg)
-    return build_federated_data(cfg.data, cfg.clients, cfg.seed)
+    data = build_federated_data(cfg.data, cfg.clients, cfg.seed)
+    check_batches(cfg, data)
+    return data
+
+
+def check_batches(cfg: ExperimentConfig, data: FederatedData) -> None:
+    """Refuse, once the split is known and before any training, a run whose model cannot train on
+    a batch of one sample (a BatchNorm after a fully connected layer) where a client's training set
+    would leave one sample for an epoch's last batch."""
+    b = cfg.train.batch_size
+    if cfg.train.drop_last or MODELS.get(cfg.model).single_sample_batches:
+        return
+    odd = [c for c, idx in enumerate(data.client_train) if idx.size % b == 1]
+    if odd:
+        raise ConfigError(
+            f"The model {cfg.model} cannot train on a batch of one sample, which client {odd[0]}'s "
+            f"{data.client_train[odd[0]].size} training samples leave at batch size {b}: set "
+            "train.drop_last=true or another batch size."
+        )
 
 
 def checked(cfg: ExperimentConfig | Experiment) -> Experiment:
@@ -197,6 +215,7 @@ def start(
 
     def load() -> FederatedData:
         loaded = result()
+        check_batches(cfg, loaded)
         if on_data is not None:
             on_data(loaded)
         return loaded
@@ -345,7 +364,7 @@ class Loop:
 
     def _prologue(self) -> None:
         t = time.perf_counter()
-        stats = self.executor.train_round(0, list(range(self.cfg.clients)))
+        stats = self.executor.train_round(0, list(self.cfg.training_clients))
         self.totals.add_round(stats, time.perf_counter() - t, 0.0)  # FedClust's warm-up trains
         self.executor.end_round(0)
 
@@ -363,7 +382,7 @@ class Loop:
             # the epilogue: every client, after the last training and before the last evaluation
             # (plan and aggregate see round T + 1), e.g. SphereFed's calibration statistics
             t = time.perf_counter()
-            after = executor.train_round(cfg.rounds + 1, list(range(cfg.clients)))
+            after = executor.train_round(cfg.rounds + 1, list(cfg.training_clients))
             self.totals.add_round(after, time.perf_counter() - t, 0.0)
         self.report, took = None, 0.0
         self.evaluating = evaluation_due(cfg, rnd) or out_of_time(cfg, stats)

@@ -61,7 +61,7 @@ class AsyncEnvironment:
         return self.deployment.offline_at(client, start_s, end_s)
 
     def next_online_s(self, now_s: float, excluded: set[int]) -> float:
-        clients = [c for c in range(self.host.cfg.clients) if c not in excluded]
+        clients = [c for c in self.host.cfg.training_clients if c not in excluded]
         if self.allowed is not None:
             clients = [c for c in clients if c in self.allowed]
         return float(self.deployment.availability.next_online_s(now_s, clients))

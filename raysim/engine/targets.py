@@ -33,6 +33,8 @@ def reported_metrics(cfg: ExperimentConfig, algorithm: type[AlgorithmHooks]) -> 
         "gm_ptest": algorithm.evaluates_global(cfg),
         "lm_ptest": algorithm.evaluates_personal(cfg) or cfg.eval.updated_lm,
         "updated_lm_ptest": cfg.eval.updated_lm,
+        "new_gm_ptest": cfg.eval.new_clients > 0 and algorithm.evaluates_global(cfg),
+        "new_lm_ptest": algorithm.evaluates_newcomers(cfg),
     }
     return tuple(m for m in METRICS if has[m])
 

@@ -6,6 +6,11 @@
 - ``updated_lm_ptest`` (``eval.updated_lm``, any algorithm): each client's model as its local update
   in the evaluated round left it, on its own P-Test, averaged over the clients trained in that
   round. For an algorithm without personal models it is also its ``lm_ptest``.
+- ``new_gm_ptest`` and ``new_lm_ptest`` (``eval.new_clients``): the global model, and each newcomer's
+  model (adapted as the algorithm's evaluation says a newcomer would), on the P-Tests of the clients
+  held out of training; ``gm_ptest`` and ``lm_ptest`` are then over the clients that train.
+- ``gm_gtest_domain_D`` and ``lm_ptest_domain_D`` (``data.feature_shift``): the global model on
+  domain D's copy of G-Test, and the personalised models of domain D's training clients.
 
 Averages are unweighted (the mean over clients, as FedFCD, FedPAC and FedDr+ report) and
 sample-weighted (``*_weighted``); ``*_std`` is the standard deviation across clients (FedDr+'s
@@ -22,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from raysim.records import EvalReport
+from raysim.records import ClientEval, EvalReport
 
-METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest")
+METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest")
 
 
 def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
@@ -42,22 +47,33 @@ def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dic
 def summarize(report: EvalReport) -> dict[str, Any]:
     """One row of metrics.parquet from one evaluation (numbers, and with ``eval.analyses`` the
     list ``gm_class_acc``)."""
-    totals = [c.n_test for c in report.clients]
+    trained = [c for c in report.clients if not c.new]
+    held = [c for c in report.clients if c.new]
     row: dict[str, Any] = {
         "gm_gtest": (report.gtest_correct / report.gtest_total)
         if report.gtest_correct is not None and report.gtest_total > 0
         else None,
     }
-    updated = [c.ulm_correct for c in report.clients]
-    for name, values in (
-        ("gm_ptest", [c.gm_correct for c in report.clients]),
-        ("lm_ptest", [c.lm_correct for c in report.clients]),
-        *([("updated_lm_ptest", updated)] if any(u is not None for u in updated) else []),
-    ):
-        s = _client_summary(values, totals)
+    updated = [c.ulm_correct for c in trained]
+    columns: list[tuple[str, list[ClientEval], list[int | None]]] = [
+        ("gm_ptest", trained, [c.gm_correct for c in trained]),
+        ("lm_ptest", trained, [c.lm_correct for c in trained]),
+        *([("updated_lm_ptest", trained, updated)] if any(u is not None for u in updated) else []),
+    ]
+    if held:  # eval.new_clients
+        columns.append(("new_gm_ptest", held, [c.gm_correct for c in held]))
+        columns.append(("new_lm_ptest", held, [c.lm_correct for c in held]))
+    for name, clients, values in columns:
+        s = _client_summary(values, [c.n_test for c in clients])
         row[name] = s["mean"]
         row[f"{name}_weighted"] = s["weighted"]
         row[f"{name}_std"] = s["std"]
+    for d, (correct, total) in enumerate(report.gtest_domains):  # data.feature_shift
+        row[f"gm_gtest_domain_{d}"] = correct / total if total else None
+    domains = sorted({c.domain for c in trained if c.domain is not None})
+    for d in domains:
+        own = [c for c in trained if c.domain == d]
+        row[f"lm_ptest_domain_{d}"] = _client_summary([c.lm_correct for c in own], [c.n_test for c in own])["mean"]
     if report.gm_class_acc is not None:  # eval.analyses (raysim.results.analysis)
         from raysim.results.analysis import SPLIT_KEYS, mean_over_clients
 
@@ -84,7 +100,9 @@ def with_updated_lm(report: EvalReport, updated: Sequence[tuple[int, int]], as_l
 
 
 def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:
-    """Rows of clients.parquet: a row per client per evaluated round."""
+    """Rows of clients.parquet: a row per client per evaluated round (with ``eval.new_clients``,
+    whether the client was held out of training, ``new``; with ``data.feature_shift``, its ``domain``)."""
+    held = any(c.new for c in report.clients)
     return [
         {
             "round": rnd,
@@ -94,6 +112,8 @@ def client_rows(rnd: int, report: EvalReport) -> list[dict[str, Any]]:
             "lm_ptest": None if c.lm_correct is None or c.n_test == 0 else c.lm_correct / c.n_test,
             **({} if c.ulm_correct is None or c.n_test == 0 else {"updated_lm_ptest": c.ulm_correct / c.n_test}),
             **{f"gm_{k}": v for k, v in (c.gm_split or {}).items()},
+            **({"new": c.new} if held else {}),
+            **({} if c.domain is None else {"domain": c.domain}),
         }
         for c in report.clients
     ]

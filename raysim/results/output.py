@@ -299,12 +299,12 @@ class TensorBoardWriter(BaseCallback):
                         self.writer.add_scalar(f"classes/gm_acc/{c}", acc, rnd)
             elif key in ANALYSIS_COLUMNS:
                 self.writer.add_scalar(f"analysis/{key}", value, rnd)
-            elif key.startswith(("gm_", "lm_", "updated_lm_")):
+            elif key.startswith(("gm_", "lm_", "updated_lm_", "new_")):
                 self.writer.add_scalar(f"accuracy/{key}", value, rnd)
                 if self.timed:  # the same curve against the simulated clock (a step is a whole number)
                     self.writer.add_scalar(f"sim_time_ms/{key}", value, round(1000 * row["sim_time_s"]))
         for m in ("gm_ptest", "lm_ptest", "updated_lm_ptest"):
-            values = [c[m] for c in clients if c.get(m) is not None]
+            values = [c[m] for c in clients if c.get(m) is not None and not c.get("new")]
             if values:
                 self.writer.add_histogram(f"clients/{m}", np.array(values), rnd)
         self.writer.add_scalar("time/eval_s", row["eval_time_s"], rnd)

@@ -4,6 +4,8 @@ Every run writes, as it starts, ``partition.png`` (each client's training-label 
 heat map: a column per client, a row per class) and ``partition.parquet`` (a row per client: its
 training, validation and local-test sizes, how many classes it holds, the entropy of its labels in
 nats, and its count of every class), and TensorBoard shows the picture under ``data/partition``.
+Under a feature shift (``data.feature_shift``) a band of colour below the map gives each client's
+domain, and the table a ``domain`` column.
 ``raysim partition --dataset fmnist --partition dirichlet:0.1 --clients 100`` draws it without running
 anything (:mod:`raysim.commands.partition`). Pillow draws it, cheaply, in a thread of its own once the
 run's workers are starting (``SideWork`` in :mod:`raysim.engine.runner`).
@@ -30,8 +32,10 @@ TABLE = "partition.parquet"
 def partition_table(data: FederatedData, counts: np.ndarray) -> dict[str, list[Any]]:
     """The per-client table, as columns: client, train/val/test sizes, classes held, label entropy
     (nats), and ``count_<c>`` for every class c (``counts``: the training-label counts)."""
-    table: dict[str, list[Any]] = {
-        "client": list(range(data.num_clients)),
+    table: dict[str, list[Any]] = {"client": list(range(data.num_clients))}
+    if data.client_domains is not None:
+        table["domain"] = [int(d) for d in data.client_domains]
+    table |= {
         "train_size": [int(n) for n in counts.sum(axis=1)],
         "val_size": [int(v.size) for v in data.client_val],
         "test_size": [int(t.size) for t in data.client_test],
@@ -67,6 +71,20 @@ def _nice_ticks(top: float, most: int = 8) -> list[int]:
     return list(range(0, top + 1, step))
 
 
+#: the domains' colours under a feature shift (Tableau 10's), domain d's the d-th, round again past 10
+DOMAIN_COLOURS = (
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+)
+BAND = 12  #: the height of the domains' band, in pixels
 LINE = 18  #: a line of text in the picture, in pixels
 LEFT = 70  #: the heat map's left edge (the class axis's ticks and label go before it)
 
@@ -85,11 +103,15 @@ def cell_geometry(n_clients: int, n_classes: int) -> tuple[int, int]:
     return size(n_clients, 14, 1200, 240), size(n_classes, 24, 480, 160)
 
 
-def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "") -> Path:
+def draw_counts(
+    counts: np.ndarray, path: str | os.PathLike[str], title: str = "", domains: np.ndarray | None = None
+) -> Path:
     """``counts`` (clients x classes) as a heat map PNG at ``path``: a column per client, a row per
     class (class 0 at the bottom), each cell the colour of its count (:func:`colour_of`; white:
-    none), with the axes' ticks, the title and a colour bar. Drawn with Pillow alone: matplotlib's
-    import and layout took about 1.4 s of CPU at every run's start, beside Ray's."""
+    none), with the axes' ticks, the title and a colour bar. ``domains`` (a feature shift's, one
+    per client): a band below the map, each client's column in its domain's colour
+    (:data:`DOMAIN_COLOURS`), and their legend below the client axis. Drawn with Pillow alone:
+    matplotlib's import and layout took about 1.4 s of CPU at every run's start, beside Ray's."""
     from PIL import Image, ImageDraw, ImageFont
 
     counts = np.asarray(counts)
@@ -100,7 +122,8 @@ def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "
     heat = np.repeat(np.repeat(heat, ch, axis=0), cw, axis=1)
     font = ImageFont.load_default(size=13)
     line, left, top = LINE, LEFT, heat_top(title)
-    bottom, right = 3 * line, 140
+    band = 0 if domains is None else BAND + 2  # the domains' band and the gap above it
+    bottom, right = 3 * line + band + (0 if domains is None else line), 140
     w, h = heat.shape[1], heat.shape[0]
     text_w = int(font.getlength(title)) + 40 if title else 0
     width = max(left + w + right, text_w)
@@ -110,11 +133,36 @@ def draw_counts(counts: np.ndarray, path: str | os.PathLike[str], title: str = "
     pen.rectangle((left - 1, top - 1, left + w, top + h), outline="black")
     if title:
         pen.text((width / 2, line / 2), title, fill="black", font=font, anchor="mt")
+    if domains is not None:  # each client's domain, a band below its column
+        palette = np.asarray(DOMAIN_COLOURS, dtype=np.uint8)
+        strip = palette[np.asarray(domains, dtype=np.int64) % len(palette)][None, :, :]
+        strip = np.repeat(np.repeat(strip, BAND, axis=0), cw, axis=1)
+        img.paste(Image.fromarray(np.ascontiguousarray(strip)), (left, top + h + 2))
+        pen.rectangle((left - 1, top + h + 1, left + w, top + h + 2 + BAND), outline="black")
+        pen.text((left - 8, top + h + 2 + BAND / 2), "domain", fill="black", font=font, anchor="rm")
     for c in _nice_ticks(n_clients - 1, 11):  # clients along the bottom
         x = left + c * cw + cw / 2
-        pen.line((x, top + h, x, top + h + 4), fill="black")
-        pen.text((x, top + h + 6), str(c), fill="black", font=font, anchor="mt")
-    pen.text((left + w / 2, top + h + line + 10), f"client (0-{n_clients - 1})", fill="black", font=font, anchor="mt")
+        pen.line((x, top + h + band, x, top + h + band + 4), fill="black")
+        pen.text((x, top + h + band + 6), str(c), fill="black", font=font, anchor="mt")
+    pen.text(
+        (left + w / 2, top + h + band + line + 10),
+        f"client (0-{n_clients - 1})",
+        fill="black",
+        font=font,
+        anchor="mt",
+    )
+    if domains is not None:  # the legend: a swatch and the number of each domain
+        lx, ly = left, top + h + band + 2 * line + 10
+        for d in range(int(np.max(domains)) + 1):
+            step = 14 + int(font.getlength(f"domain {d}")) + 12
+            if lx + step > width:  # no room for more: the colours say the rest
+                pen.text((lx, ly + 5), "...", fill="black", font=font, anchor="lm")
+                break
+            pen.rectangle(
+                (lx, ly, lx + 10, ly + 10), fill=DOMAIN_COLOURS[d % len(DOMAIN_COLOURS)], outline="black"
+            )
+            pen.text((lx + 14, ly + 5), f"domain {d}", fill="black", font=font, anchor="lm")
+            lx += step
     classes = range(n_classes) if n_classes <= 20 else _nice_ticks(n_classes - 1, 11)
     for k in classes:  # classes up the left side
         y = top + h - k * ch - ch / 2
@@ -166,8 +214,10 @@ def write_partition(data: FederatedData, picture: str | os.PathLike[str], partit
     with replaced_atomically(out.with_suffix(".parquet")) as tmp:
         pq.write_table(pa.table(partition_table(data, counts)), tmp)
     title = describe(counts, partition, dataset)
+    if data.client_domains is not None:
+        title += f"; {data.num_domains} feature domains"
     with replaced_atomically(out) as tmp:
-        draw_counts(counts, tmp, title)
+        draw_counts(counts, tmp, title, data.client_domains)
     return title
 
 
@@ -179,4 +229,4 @@ def read_picture(path: str | os.PathLike[str]) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
-__all__ = ["COLOURS", "LEFT", "LINE", "PICTURE", "TABLE", "cell_geometry", "colour_of", "describe", "draw_counts", "heat_top", "partition_table", "read_picture", "write_partition"]
+__all__ = ["BAND", "COLOURS", "DOMAIN_COLOURS", "LEFT", "LINE", "PICTURE", "TABLE", "cell_geometry", "colour_of", "describe", "draw_counts", "heat_top", "partition_table", "read_picture", "write_partition"]

@@ -28,7 +28,7 @@ from raysim.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS: tuple[str, ...] = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest")
+DEFAULT_METRICS: tuple[str, ...] = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest")
 MISSING = "–"  # an en dash: a value the run does not have
 FIGSIZE = (7.0, 4.5)  # inches
 DPI = 120  # so a plot is 840 x 540 pixels

@@ -4,10 +4,15 @@ A suite file's ``claims`` is a list; each claim cites where the paper makes it (
 figure or section) and reads one quantity of each trial (``metric``) through one statistic
 (``stat``). The quantities (``QUANTITIES``):
 
-- the accuracies ``gm_gtest``, ``gm_ptest``, ``lm_ptest`` and ``updated_lm_ptest``, in %;
+- the accuracies ``gm_gtest``, ``gm_ptest``, ``lm_ptest``, ``updated_lm_ptest``, ``new_gm_ptest`` and
+  ``new_lm_ptest``, in %, and their sample-weighted means (``lm_ptest_weighted``, ...: the figure
+  PFLlib reports);
 - the analyses' means over the round's clients (``eval.analyses``, raysim/results/analysis.py:
   ``gm_obs_acc``, ``local_unobs_align``, ``local_obs_fdist``, ...), accuracies in %, the rest as
   recorded (cosines, norms, distances, angles in degrees), and ``train_loss``;
+- ``cluster_purity``: a clustered algorithm's clusters against the clients' domains under
+  ``data.feature_shift`` (the share of its clustered clients in their cluster's most common domain),
+  in %;
 - ``train_s_per_round``: the trial's training time over its rounds, in seconds (its
   ``summary.json``'s ``train_time_s`` over ``rounds``; trials that ran side by side count each
   other's load).
@@ -23,6 +28,10 @@ of ``train_s_per_round``, a mean over the run). Five forms:
   far above);
 - **better**: ``{better: fed3p2, than: fedavg}``: the first row's value is above the second's (for a
   quantity where less is better, a time or a distance, name the row the paper says is larger first);
+  ``than_metric`` reads the second row's value from another quantity of the same unit, where the
+  paper compares one method's personalised models with another's global model (FedBN's local
+  models against FedAvg's global one: ``{better: fedbn, than: fedavg, metric: lm_ptest,
+  than_metric: gm_ptest}``);
 - **order**: ``{order: [fed3p2, fedrod, feddyn]}``: the rows' values fall in that order, each
   above the next;
 - **trend**: ``{trend: [rowA, rowB, rowC], direction: falls}`` (or ``rises``): along the rows (a
@@ -64,6 +73,9 @@ from raysim.errors import ConfigError
 STATS = ("final", "last_k", "best", "mean")
 #: the time a claim can read, from each trial's summary.json rather than metrics.parquet
 TIME = "train_s_per_round"
+#: a clustered algorithm's clusters against the clients' domains under data.feature_shift (a
+#: share, read in % as an accuracy is)
+PURITY = "cluster_purity"
 DIRECTIONS = ("rises", "falls")
 SIDES = ("within", "at_least")
 #: the verdicts, the only words a page's judgement is written in
@@ -75,14 +87,14 @@ def quantities() -> tuple[str, ...]:
     from raysim.results.analysis import ANALYSIS_COLUMNS
     from raysim.results.metrics import METRICS
 
-    return (*METRICS, *ANALYSIS_COLUMNS, "train_loss", TIME)
+    return (*METRICS, *(f"{m}_weighted" for m in METRICS), PURITY, *ANALYSIS_COLUMNS, "train_loss", TIME)
 
 
 def is_accuracy(quantity: str) -> bool:
     """Whether a quantity is an accuracy (read in %, and the only kind with a best)."""
     from raysim.results.metrics import METRICS
 
-    return quantity in METRICS or quantity.endswith("_acc")
+    return quantity.removesuffix("_weighted") in METRICS or quantity.endswith("_acc") or quantity == PURITY
 
 
 def unit(quantity: str) -> str:
@@ -106,6 +118,11 @@ class Claim:
     within: float | None = None  # figure: the tolerance, in the quantity's unit
     direction: str | None = None  # trend: rises or falls
     side: str = "within"  # figure: within (either side) or at_least
+    than_metric: str | None = None  # better: the second row's quantity, where not ``metric``
+
+    def metric_of(self, i: int) -> str:
+        """The quantity the claim reads of its ``i``-th row."""
+        return self.than_metric if i == 1 and self.than_metric is not None else self.metric
 
     def text(self) -> str:
         """The claim in words, for the page."""
@@ -117,6 +134,8 @@ class Claim:
             )
         if self.kind == "figure":
             return f"`{self.rows[0]}` {m} within {self.within:g} of the paper's {self.paper:g}"
+        if self.kind == "better" and self.than_metric is not None:
+            return f"`{self.rows[0]}` {m} above `{self.rows[1]}` {self.than_metric}"
         if self.kind == "better":
             return f"`{self.rows[0]}` above `{self.rows[1]}` on {m}"
         if self.kind == "order":
@@ -165,7 +184,7 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
             _fields(entry, where, ("row", "paper", "within", *common), ("side",))
             kind, rows = "figure", (entry["row"],)
         elif "better" in entry:
-            _fields(entry, where, ("better", "than", *common), ())
+            _fields(entry, where, ("better", "than", *common), ("than_metric",))
             kind, rows = "better", (entry["better"], entry["than"])
         elif "order" in entry:
             _fields(entry, where, ("order", *common), ())
@@ -197,6 +216,13 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
             raise ConfigError(f"{where}'s {TIME} is a mean over the run: its stat is mean, not {stat!r}.")
         if stat == "best" and not is_accuracy(metric):
             raise ConfigError(f"{where}'s stat best is an accuracy's highest value; {metric} takes final, last_k or mean.")
+        than_metric = entry.get("than_metric")
+        if than_metric is not None:
+            if than_metric not in quantities():
+                raise ConfigError(f"{where}'s than_metric is one of {', '.join(quantities())}, not {than_metric!r}.")
+            if unit(than_metric) != unit(metric) or is_accuracy(than_metric) != is_accuracy(metric):
+                raise ConfigError(f"{where} compares {metric} with {than_metric}, which is not in the same unit.")
+            than_metric = str(than_metric)
         if not str(entry["where"]).strip():
             raise ConfigError(f"{where} must say where the paper makes it (a table, figure or section).")
         paper = within = None
@@ -225,6 +251,7 @@ def parse_claims(data: Any, configs: Sequence[str], path: str = "the suite file"
                 within,
                 direction,
                 side,
+                than_metric,
             )
         )
     return tuple(out)
@@ -237,7 +264,8 @@ def claim_dict(claim: Claim) -> dict[str, Any]:
         side = {"side": claim.side} if claim.side != "within" else {}
         return {"row": claim.rows[0], "paper": claim.paper, "within": claim.within, **side, **common}
     if claim.kind == "better":
-        return {"better": claim.rows[0], "than": claim.rows[1], **common}
+        than = {"than_metric": claim.than_metric} if claim.than_metric is not None else {}
+        return {"better": claim.rows[0], "than": claim.rows[1], **common, **than}
     if claim.kind == "order":
         return {"order": list(claim.rows), **common}
     if claim.kind == "similar":
@@ -353,7 +381,7 @@ def judge(
     margins: list[float] = []
     missing: list[str] = []
     for seed in seeds:
-        got = [trials.get((r, seed), {}).get(claim.stat, {}).get(claim.metric) for r in claim.rows]
+        got = [trials.get((r, seed), {}).get(claim.stat, {}).get(claim.metric_of(i)) for i, r in enumerate(claim.rows)]
         present = [v for v in got if v is not None]
         if len(present) < len(got):
             missing += [f"{r} seed {seed}" for r, v in zip(claim.rows, got, strict=True) if v is None]
@@ -362,7 +390,8 @@ def judge(
         for r, v in zip(claim.rows, present, strict=True):
             values[r].append(v)
         margins.append(margin(claim, present))
-    reason = f"no {claim.metric} for " + ", ".join(missing) if missing else ""
+    read = claim.metric if claim.than_metric is None else f"{claim.metric} or {claim.than_metric}"
+    reason = f"no {read} for " + ", ".join(missing) if missing else ""
     verdict = verdict_of(margins) if not missing else CANNOT_BE_TOLD
     return Verdict(claim, verdict, tuple(judged), values, margins, reason)
 

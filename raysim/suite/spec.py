@@ -65,6 +65,10 @@ SEARCH_METRICS = (
     "lm_ptest_weighted",
     "updated_lm_ptest",
     "updated_lm_ptest_weighted",
+    "new_gm_ptest",
+    "new_gm_ptest_weighted",
+    "new_lm_ptest",
+    "new_lm_ptest_weighted",
     "train_loss",
 )
 
@@ -557,6 +561,10 @@ def _check_reported(checked: Sequence[tuple[Trial, Experiment]], metric: str, ve
             raise ConfigError(f"{cfg.algo} has no global model, so its trials report no {metric} to {verb} on.")
         if column.startswith("updated_lm_"):
             raise ConfigError(f"{metric} is reported only with eval.updated_lm=true, which {trial.name} does not set.")
+        if column.startswith("new_") and cfg.eval.new_clients == 0:
+            raise ConfigError(f"{metric} is reported only with eval.new_clients > 0, which {trial.name} does not set.")
+        if column.startswith("new_"):
+            raise ConfigError(f"{cfg.algo} gives a client that never trained no model, so its trials report no {metric} to {verb} on.")
         raise ConfigError(f"{cfg.algo} has no personal models, so its trials report no {metric} to {verb} on.")
 
 

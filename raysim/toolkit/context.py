@@ -198,6 +198,12 @@ class ClientContext:
             self._train = ws.gather(ws.data.train, ws.data.client_train[self.cid])
         return self._train
 
+    def val_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's validation part (``data.val_fraction``: held out of its training set) as
+        tensors on the device; empty without one."""
+        ws = self._ws
+        return ws.gather(ws.data.train, ws.data.client_val[self.cid])
+
     def batches(self, epoch: int, stream: str = "local", *, drop_last: bool | None = None) -> Iterator[Batch]:
         """Shuffled mini-batches of epoch ``epoch`` of ``stream``, drawn from (seed, round, client,
         stream, epoch); the last, partial one left out with ``drop_last`` (default

@@ -40,7 +40,8 @@ def term_between_equal_weights(name: str, term: str, teacher_of) -> float:
 
 
 def test_the_models_with_batchnorm_are_the_ones_expected():
-    assert set(batchnorm_models()) == {"mobilenet", "resnet18"}
+    assert set(batchnorm_models()) == {"mobilenet", "resnet18", "cnn_pac_bn", "cnn3p2_fmnist_bn"}
+    assert set(batchnorm_models()) == {n for n in MODELS.names() if MODELS.get(n).batch_norm}  # the registry says so
 
 
 @pytest.mark.parametrize("name", ["mobilenet", "resnet18"])

@@ -266,7 +266,7 @@ def test_a_checkpoint_keeps_the_updates_in_flight(tmp_path):
         ),
         (
             {"deployment.mode": "async", "deployment.concurrency": 9},
-            "deployment.concurrency (9) cannot exceed the clients (8)",
+            "deployment.concurrency (9) cannot exceed the clients that train (8)",
         ),
         (
             {"deployment.mode": "async", "deployment.devices": "fixed", "deployment.policy": "deadline"},

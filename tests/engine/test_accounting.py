@@ -27,7 +27,9 @@ def test_last_k_mean_on_a_hand_example():
     assert last["gm_ptest"] == pytest.approx((0.4 + 0.6) / 2)  # the evaluations that have a value
     assert last["lm_ptest"] == 0.9
     assert h.last(1)["gm_gtest"] == 0.8 and h.last(10)["gm_gtest"] == pytest.approx(1.6 / 4)
-    assert MetricHistory([]).last(5) == {"gm_gtest": None, "gm_ptest": None, "lm_ptest": None, "updated_lm_ptest": None}
+    assert MetricHistory([]).last(5) == dict.fromkeys(
+        ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest")
+    )
 
 
 def test_summary_has_the_last_k_mean_and_the_compute(tmp_path):

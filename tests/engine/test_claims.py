@@ -67,6 +67,18 @@ def test_better_pairs_the_rows_seed_by_seed():
     assert v.verdict == "holds on 1 of 2"
 
 
+def test_better_may_read_the_second_row_from_another_accuracy():
+    """FedBN's local models against FedAvg's global model: the first row's lm_ptest, the second's
+    gm_ptest, seed by seed; a row without its quantity cannot be told, and says which."""
+    claim = one({"better": "a", "than": "b", "metric": "lm_ptest", "than_metric": "gm_ptest"})
+    values = {("a", 0): {"final": {"lm_ptest": 91.0, "gm_ptest": 50.0}}, ("b", 0): {"final": {"gm_ptest": 88.0, "lm_ptest": 99.0}}}
+    v = judge(claim, values, [0])
+    assert v.margins == [3.0] and v.verdict == HOLDS_EVERY
+    assert claim.text() == "`a` lm_ptest (final, %) above `b` gm_ptest"
+    v = judge(claim, {("a", 0): {"final": {"lm_ptest": 91.0}}, ("b", 0): {"final": {"lm_ptest": 80.0}}}, [0])
+    assert v.verdict == CANNOT_BE_TOLD and "no lm_ptest or gm_ptest for b seed 0" == v.reason
+
+
 def test_an_order_holds_where_every_step_does_and_a_trend_where_every_step_goes_its_way():
     order = one({"order": ["a", "b", "c"]})
     v = judge(order, trials({"a": [90.0, 90.0], "b": [85.0, 80.0], "c": [80.0, 81.0]}), [0, 1])
@@ -121,6 +133,9 @@ def test_a_missing_number_cannot_be_told_and_says_which():
         ({"similar": ["a", "b"], "within": -0.5}, "within is a tolerance, at least 0, not -0.5"),
         ({"row": "a", "paper": 80, "within": 1, "where": " "}, "must say where the paper makes it"),
         ({"better": "a", "than": "a"}, "names a configuration twice"),
+        ({"better": "a", "than": "b", "than_metric": "gm_ptst"}, "than_metric is one of"),
+        ({"better": "a", "than": "b", "than_metric": "train_loss"}, "compares gm_gtest with train_loss, which is not in the same unit"),
+        ({"order": ["a", "b"], "than_metric": "gm_ptest"}, "unknown entry 'than_metric'"),
     ],
 )
 def test_a_bad_claim_is_refused_in_one_sentence(entry, sentence):
@@ -133,6 +148,7 @@ def test_a_claim_reads_back_as_it_was_written():
         {"row": "a", "paper": 80.0, "within": 1.0},
         {"row": "a", "paper": 80.0, "within": 0.0, "side": "at_least"},
         {"better": "a", "than": "b"},
+        {"better": "a", "than": "b", "than_metric": "gm_ptest"},
         {"order": ["a", "b", "c"]},
         {"trend": ["a", "b"], "direction": "rises"},
         {"similar": ["a", "b", "c"], "within": 0.5},

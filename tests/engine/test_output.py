@@ -32,7 +32,8 @@ def test_cli_run_writes_tables_tensorboard_and_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["run_dir"] == str(out) and summary["rounds"] == 4
-    assert set(summary["final"]) == {"gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest"}
+    assert set(summary["final"]) == {"gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest"}
+    assert summary["final"]["new_lm_ptest"] is None  # no client held out (eval.new_clients)
     assert summary["final"]["updated_lm_ptest"] is None  # eval.updated_lm is off
 
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()

@@ -24,6 +24,8 @@ def test_weights_round_trip_every_model():
         "mlp_fcd": (1, 28, 28),
         "cnn_fcd": (3, 32, 32),
         "cnn_pac": (1, 28, 28),
+        "cnn_pac_bn": (1, 28, 28),
+        "cnn3p2_fmnist_bn": (1, 28, 28),
         "cnn_pac_cifar": (3, 32, 32),
         "vgg11": (3, 32, 32),
         "mobilenet": (3, 32, 32),

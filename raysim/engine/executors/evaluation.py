@@ -4,10 +4,11 @@ personalised models are evaluated, and how the workers' parts add up to one repo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from raysim.config import ExperimentConfig
 from raysim.data import FederatedData
 from raysim.records import ClientEval, EvalPart, EvalReport, EvalTarget, RoundStats
 
@@ -21,6 +22,14 @@ def eval_targets(data: FederatedData) -> list[EvalTarget]:
     if data.ptest is data.gtest:
         return [EvalTarget("ptest", np.union1d(ptest_union, all_gtest), leads=True)]
     return [EvalTarget("ptest", ptest_union, leads=True), EvalTarget("gtest", all_gtest)]
+
+
+def evaluated_clients(cfg: ExperimentConfig, personal: bool, clients: Iterable[int]) -> list[int]:
+    """Of ``clients``, those whose own models are evaluated: all where the algorithm has personal
+    models (``personal``), and always those held out of training (``eval.new_clients``), whose
+    models are a newcomer's."""
+    new = set(cfg.new_clients)
+    return [int(c) for c in clients if personal or c in new]
 
 
 def validation_target(data: FederatedData) -> EvalTarget:
@@ -45,10 +54,15 @@ def split_targets(targets: Sequence[EvalTarget], parts: int) -> list[list[EvalTa
 
 
 def assemble_report(
-    data: FederatedData, targets: Sequence[EvalTarget], parts: Sequence[EvalPart], has_global: bool
+    data: FederatedData,
+    targets: Sequence[EvalTarget],
+    parts: Sequence[EvalPart],
+    has_global: bool,
+    new_clients: Sequence[int] = (),
 ) -> EvalReport:
     """Per-client and G-Test counts from the workers' parts (``parts[w]`` answered
-    ``split_targets(targets, len(parts))[w]``)."""
+    ``split_targets(targets, len(parts))[w]``); ``new_clients`` are those held out of training
+    (``eval.new_clients``). Under ``data.feature_shift``, G-Test's counts per domain too."""
     bits = {"ptest": np.zeros(len(data.ptest), bool), "gtest": np.zeros(len(data.gtest), bool)}
     analysed = has_global and bool(parts) and all(len(p.global_align) == len(p.global_correct) > 0 for p in parts)
     align = {pool: np.zeros(len(getattr(data, pool)), np.float32) for pool in bits} if analysed else {}
@@ -73,6 +87,8 @@ def assemble_report(
         observed = data.train_label_counts() > 0
         splits = {c: stats.split(observed[c]) for c in range(data.num_clients)}
     personal = dict(p for part in parts for p in part.personal_correct)
+    held = set(new_clients)
+    client_domains = data.client_domains
     clients = tuple(
         ClientEval(
             client=c,
@@ -80,9 +96,17 @@ def assemble_report(
             gm_correct=int(bits["ptest"][data.client_test[c]].sum()) if has_global else None,
             lm_correct=personal.get(c),
             gm_split=splits.get(c),
+            new=c in held,
+            domain=None if client_domains is None else int(client_domains[c]),
         )
         for c in range(data.num_clients)
     )
+    gtest_domains: tuple[tuple[int, int], ...] = ()
+    domain_of = data.gtest_domains
+    if has_global and domain_of is not None:
+        gtest_domains = tuple(
+            (int(bits["gtest"][domain_of == d].sum()), int((domain_of == d).sum())) for d in range(int(domain_of.max()) + 1)
+        )
     features = [f for part in parts for f in part.features]  # the global model's, then client by client
     return EvalReport(
         clients,
@@ -90,6 +114,7 @@ def assemble_report(
         len(data.gtest),
         gm_class_acc=class_acc,
         features=tuple(sorted(features, key=_feature_order)),
+        gtest_domains=gtest_domains,
     )
 
 

@@ -36,6 +36,7 @@ from raysim.engine.executors.evaluation import (
     accuracy_of,
     assemble_report,
     eval_targets,
+    evaluated_clients,
     split_targets,
     validated,
     validation_target,
@@ -330,11 +331,11 @@ class RayExecutor:
         evaluation = self.server.evaluation.remote()
         targets = eval_targets(self.data) if self.has_global else []
         chunks = split_targets(targets, self.num_workers)
-        clients = [self.pool.clients_of(w) if self.has_personal else [] for w in range(self.num_workers)]
+        clients = [evaluated_clients(self.cfg, self.has_personal, self.pool.clients_of(w)) for w in range(self.num_workers)]
         parts = self.pool.on_all(
             lambda w, worker: worker.evaluate.remote(rnd, evaluation, chunks[w], clients[w]), self.server
         )
-        return assemble_report(self.data, targets, parts, self.has_global)
+        return assemble_report(self.data, targets, parts, self.has_global, self.cfg.new_clients)
 
     def validate(self, rnd: int) -> float:
         """The global model's accuracy on the validation parts, passed back to the server."""

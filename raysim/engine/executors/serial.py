@@ -13,6 +13,7 @@ from raysim.engine.executors.evaluation import (
     accuracy_of,
     assemble_report,
     eval_targets,
+    evaluated_clients,
     validated,
     validation_target,
 )
@@ -75,9 +76,9 @@ class SerialExecutor:
         algo = self.runtime.algo
         has_global = algo.evaluates_global(self.cfg)
         targets = eval_targets(self.data) if has_global else []
-        clients = list(range(self.data.num_clients)) if algo.evaluates_personal(self.cfg) else []
+        clients = evaluated_clients(self.cfg, algo.evaluates_personal(self.cfg), range(self.data.num_clients))
         part = self.runtime.evaluate(rnd, self.server.evaluation(), targets, clients)
-        return assemble_report(self.data, targets, [part], has_global)
+        return assemble_report(self.data, targets, [part], has_global, self.cfg.new_clients)
 
     def validate(self, rnd: int) -> float:
         """The global model's accuracy on the validation parts, passed back to the server."""
