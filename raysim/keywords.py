@@ -14,6 +14,7 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "data_dir": ("data.data_dir", str, "directory holding (or receiving) the dataset files"),
     "partition": ("data.partition", str, "how the data is split over the clients: {partitions}"),
     "test_mode": ("data.test_mode", str, "the clients' local test sets: {test_modes}"),
+    "feature_shift": ("data.feature_shift", str, "features that differ between clients: {feature_shifts}"),
     "clients": ("clients", int, "number of clients N"),
     "participation": ("participation", float, "fraction of clients sampled per round, in (0, 1]"),
     "rounds": ("rounds", int, "communication rounds T"),
@@ -33,6 +34,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "seed": ("seed", int, "random seed"),
     "out": ("output.out", str, "run directory (default runs/<algo>-<dataset>-<time>)"),
     "eval_every": ("eval.every", int, "evaluate every k rounds (0: only after the last)"),
+    "new_clients": (
+        "eval.new_clients",
+        float,
+        "hold out this share of the clients from training, evaluated as newcomers (new_gm_ptest, new_lm_ptest)",
+    ),
     "executor": ("ray.executor", str, "{executors}"),
     "address": (
         "ray.address",
@@ -77,6 +83,7 @@ def help_texts() -> dict[str, str]:
         DATASETS,
         DEPLOYMENTS,
         EXECUTORS,
+        FEATURE_SHIFTS,
         MODELS,
         PARTITIONS,
         TEST_MODES,
@@ -89,6 +96,7 @@ def help_texts() -> dict[str, str]:
         "datasets": DATASETS.choices(),
         "partitions": usages(PARTITIONS),
         "test_modes": usages(TEST_MODES),
+        "feature_shifts": usages(FEATURE_SHIFTS),
         "executors": EXECUTORS.choices(),
         "deployments": ", ".join(DEPLOYMENTS.names()),
     }
