@@ -356,6 +356,42 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class PrivacyConfig:
+    """Differential privacy (raysim.privacy; docs/usage.md, "Privacy"); off by default. The server is
+    trusted: client-level DP (``clip``) clips each sampled client's upload, its change from the model
+    it received, to an L2 norm C and adds Gaussian noise N(0, sigma^2 C^2) to their sum (DP-FedAvg);
+    sample-level DP (``example_clip``) is DP-SGD in every client's local training. What stays on a
+    client (its personal parts) is never clipped or noised."""
+
+    #: client-level DP: none, the clip norm C (a number), or adaptive:Q (the clip follows the Q
+    #: quantile of the update norms, Andrew et al., NeurIPS 2021, from ``clip_init``)
+    clip: str = "none"
+    #: sigma, the noise's standard deviation over C; None: calibrated from ``target_epsilon``
+    noise_multiplier: float | None = setting(None, at_least=0)
+    #: the epsilon the whole run may spend (at ``delta``): sigma is calibrated for the run's rounds
+    #: before any work
+    target_epsilon: float | None = setting(None, above=0)
+    #: delta of the (epsilon, delta) guarantee; None: 1 / N^1.1 for N clients
+    delta: float | None = setting(None, above=0, below=1)
+    #: who a round samples: fixed (K clients without replacement, the default cohort) or poisson
+    #: (each client independently with probability q = participation)
+    sampling: Literal["fixed", "poisson"] = "fixed"
+    #: the privacy accountant (Google's dp-accounting): pld (privacy loss distributions) or rdp
+    accountant: Literal["pld", "rdp"] = "pld"
+    #: adaptive clipping: the clip before round 1, the step size eta_C of its geometric update and
+    #: the noise multiplier sigma_b of the clipped count (None: the expected cohort / 20, the paper's)
+    clip_init: float = setting(0.1, above=0)
+    clip_lr: float = setting(0.2, above=0)
+    count_noise_multiplier: float | None = setting(None, above=0)
+    #: sample-level DP (DP-SGD at each client): each example's gradient clipped to this L2 norm, and
+    #: Gaussian noise of ``example_noise_multiplier`` times it added to each step's summed gradient
+    example_clip: float | None = setting(None, above=0)
+    example_noise_multiplier: float = setting(1.0, at_least=0)
+    #: how DP-SGD computes per-example gradients: torch_func (torch.func's vmap of grad) or opacus
+    per_example: Literal["torch_func", "opacus"] = "torch_func"
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     algo: str = "fedavg"
     model: str = "cnn3p2_fmnist"
@@ -369,6 +405,7 @@ class ExperimentConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     algo_params: Mapping[str, Any] = field(default_factory=dict)
     #: modules (or scripts) of user code that registers what this config names, imported by every
     #: process before it reads a registry (raysim.plugins)

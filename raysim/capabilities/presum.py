@@ -57,6 +57,7 @@ class Presum(Capability):
             and bool(getattr(klass, "shared_parts", ()))
             and not getattr(klass, "pinned", True)
             and apply_preset(cfg).deployment.ideal  # a named deployment's settings, where a preset is given
+            and cfg.privacy.clip == "none"  # client-level DP clips each upload on the server
         )
 
 

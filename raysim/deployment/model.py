@@ -315,8 +315,25 @@ class Deployment:
         ``now_s`` (simulated seconds since the run's start) and not ``busy`` (still working on an
         earlier round's update), sorted; the same draw as a run without a deployment when every
         client is available and free and the cohort is K."""
+        if self.cfg.privacy.clip != "none":
+            # client-level DP: the draw the accountant models, over every training client; a client
+            # still busy with an earlier round's update is sampled all the same and contributes
+            # nothing, as a dropout (it changes who contributes, not the sampling)
+            drawn = self.draw_private(rnd)
+            return [c for c in drawn if c not in busy]
         pool = [c for c in self.available(rnd, now_s) if c not in busy]
         return self.draw(rnd, 0, pool, self.cohort())
+
+    def draw_private(self, rnd: int) -> list[int]:
+        """Round ``rnd``'s cohort under client-level DP: ``privacy.sampling=poisson``, each training
+        client independently with probability q = participation (one uniform a client, in id
+        order, from the round's sample stream); fixed, K of them without replacement (the draw of a
+        run without DP)."""
+        clients = list(self.cfg.training_clients)
+        if self.cfg.privacy.sampling == "poisson":
+            u = rng.generator(self.cfg.seed, "sample", rnd).random(len(clients))
+            return [c for c, x in zip(clients, u, strict=True) if x < self.cfg.participation]
+        return self.draw(rnd, 0, clients, self.cohort())
 
     def available(self, rnd: int, now_s: float) -> list[int]:
         """The clients available at ``now_s`` in round ``rnd``, in id order (of those that train)."""

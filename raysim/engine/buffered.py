@@ -310,12 +310,14 @@ class SyncClock:
 
 @dataclass(frozen=True)
 class Saved:
-    """What a checkpoint keeps of a server in a timed deployment: the algorithm's state, and the
-    async buffer or the synchronous clock."""
+    """What a checkpoint keeps of a server in a timed deployment or under client-level DP: the
+    algorithm's state, and the async buffer or the synchronous clock, and the privacy state."""
 
     state: object
     buffer: Buffer | None = None
     clock: SyncClock | None = None
+    #: client-level DP's state (its clip, which adaptive clipping moves): raysim.privacy.client_level
+    privacy: object = None
 
 
 __all__ = [

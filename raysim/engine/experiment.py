@@ -13,6 +13,7 @@ builds its algorithm object with :func:`make_algorithm`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,13 @@ def validate(cfg: ExperimentConfig) -> Experiment:
         _check_time_budget(cfg, cls)
     if cfg.deployment.mode == "async" and not Asynchronous.of(cls).possible:
         raise ConfigError(f"{cfg.algo} cannot aggregate asynchronously (deployment.mode=async): {Asynchronous.of(cls).why_not}")
+    if cfg.privacy.clip != "none" or cfg.privacy.example_clip is not None:
+        from raysim.privacy.accounting import check_privacy
+        from raysim.privacy.client_level import calibrated, check_client_level
+
+        check_privacy(cfg)
+        check_client_level(cfg, cls)
+        exp = dataclasses.replace(exp, cfg=calibrated(exp.cfg))  # sigma calibrated once, before any work
     if cfg.train.batch_clients > 1:
         batching = Batching.of(cls)
         if not batching.possible:

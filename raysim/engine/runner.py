@@ -39,6 +39,7 @@ from raysim.engine.experiment import Experiment, validate
 from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
 from raysim.plugins import registered_callbacks
+from raysim.privacy.client_level import privacy_summary
 from raysim.records import EvalReport, RoundStats, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, MODELS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
@@ -75,6 +76,8 @@ class RunResult:
     stopped: bool = False  # stopped early by Ctrl-C, with a checkpoint to resume from
     worker_restarts: int = 0  # client workers replaced after dying
     extra: dict[str, Any] = field(default_factory=dict)
+    #: privacy.*: epsilon, delta, noise_multiplier, accountant, sampling (raysim.privacy)
+    privacy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def train_time_s(self) -> float:
@@ -101,6 +104,7 @@ class RunResult:
             "startup_s": round(self.startup_s, 3),
             "shutdown_s": round(self.shutdown_s, 3),
             "worker_restarts": self.worker_restarts,
+            **self.privacy,
             "run_dir": str(self.run_dir),
         }
 
@@ -288,6 +292,7 @@ def run_experiment(
         last=history.last(exp.cfg.eval.last_k), last_k=exp.cfg.eval.last_k, totals=loop.totals,
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
+        privacy=privacy_summary(exp.cfg, max(loop.last_round, 0)),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

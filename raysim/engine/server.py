@@ -24,6 +24,7 @@ from raysim.engine.buffered import Buffer, Saved, SyncClock
 from raysim.engine.evaluation import Evaluation
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
+from raysim.privacy.client_level import PrivateState, private_rounds
 from raysim.records import RoundStats
 from raysim.weights import ModelWeights, payload_nbytes
 from raysim.wire import ClientResult, ClientStats, Job, JobResult, ServerContext
@@ -113,18 +114,24 @@ class ServerHost:
         self.staleness = Staleness.parse(d.staleness)
         self._round: AsyncRound | None = None
         self._commits: dict[int, Any] = {}
+        #: client-level DP (privacy.clip): each round's uploads released as one noised mean
+        self.private = private_rounds(cfg)
+        self.private_state = self.private.initial if self.private is not None else None
 
     @property
     def saved(self) -> Any:
         """What a checkpoint keeps of the server: the algorithm's state (in a timed deployment with
         the clock, and in async mode the updates in flight)."""
-        if self.buffer is None and self.clock is None:
+        if self.buffer is None and self.clock is None and self.private is None:
             return self.state
-        return Saved(self.state, self.buffer, self.clock)
+        return Saved(self.state, self.buffer, self.clock, self.private_state)
 
     def restore(self, saved: Any) -> None:
         if isinstance(saved, Saved):
             self.state, self.buffer, self.clock = saved.state, saved.buffer, saved.clock
+            if self.private is not None:
+                assert isinstance(saved.privacy, PrivateState), "a private run's checkpoint keeps its clip"
+                self.private_state = saved.privacy
         else:
             self.state = saved
         self._round = None
@@ -175,15 +182,31 @@ class ServerHost:
             lost = [Arrival(c, self._nominal(c), dropped=True) for c in self._lost]
             closed = self.deployment.close(rnd, results, self.deadline_s, start_s=start, lost=lost)
             late_until, offline = closed.late_until, closed.offline
-        if closed.kept:
-            self.state = self.algo.aggregate(self.state, rnd, closed.kept)
+        kept, private_log = self._released(rnd, closed.kept)
+        if kept:
+            self.state = self.algo.aggregate(self.state, rnd, kept)
         if self.clock is not None:
             end = start + closed.duration_s
             busy = {c: u for c, u in self.clock.busy if u > end}
             busy.update({c: start + t for c, t in late_until if start + t > end})
             self.clock = SyncClock(end, tuple(sorted(busy.items())))
         flat = [r for jr in results for r in jr.results]
-        return self._stats(rnd, flat, flat, closed, len(self._lost) + offline, closed.late)
+        return self._stats(rnd, flat, flat, closed, len(self._lost) + offline, closed.late, private_log)
+
+    def _released(self, rnd: int, kept: Sequence[JobResult]) -> tuple[Sequence[JobResult], tuple[tuple[str, float], ...]]:
+        """The updates the algorithm aggregates: as they arrived, or under client-level DP in a
+        training round their noised mean as one upload (even where none arrived: the noise is
+        released all the same), with the round's privacy log (its clip, the share unclipped and the
+        epsilon spent so far)."""
+        if self.private is None or not 1 <= rnd <= self.cfg.rounds:
+            return kept, ()
+        base = self.algo.started_from(self.state)  # type: ignore[attr-defined]
+        if not base.part_names:  # nothing shared, nothing uploaded (Local): nothing to release
+            return kept, (("epsilon", 0.0),)
+        assert self.private_state is not None
+        release = self.private.private_round(rnd, base, kept, self.private_state)
+        self.private_state = release.state
+        return release.results, (*release.scalars, ("epsilon", self.private.epsilon(rnd)))
 
     def _nominal(self, client: int) -> float:
         return self.deployment.nominal_s(client, self.train_sizes[client], self.model_bytes)

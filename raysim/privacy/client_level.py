@@ -1,0 +1,270 @@
+"""Client-level differential privacy on a trusted server: DP-FedAvg (McMahan, Ramage, Talwar and
+Zhang, "Learning Differentially Private Recurrent Language Models", ICLR 2018, Algorithm 1), with
+adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with
+Adaptive Clipping", NeurIPS 2021, Algorithm 1).
+
+A round's uploads reach the server as the algorithm's clients sent them. Before the algorithm
+aggregates, :meth:`ClientLevel.private_round` replaces them with one noised mean:
+
+- each upload's change from the shared weights the client received, Delta_k = w_k - w (over every
+  uploaded part at once: the shared parts; what a client keeps, its personal parts, never leaves it
+  and is never clipped or noised), is clipped to L2 norm C: Delta_k * min(1, C / ||Delta_k||);
+- their sum, in the plan's order in float64, gets Gaussian noise N(0, sigma^2 C^2) per coordinate,
+  drawn from the keyed stream (seed, "privacy/noise", round), so every executor adds the same noise;
+- it is divided by the expected cohort m (K for a fixed-size cohort, q N under Poisson sampling):
+  the unbiased estimator of McMahan et al.'s Algorithm 1 (its fixed denominator W = q N), whatever
+  the number of updates that arrived (a dropout or a deadline changes who contributes, not the
+  sensitivity);
+- the algorithm then aggregates that one upload, w + mean, as it would a round's (its aggregate is
+  the size-weighted mean of its uploads, so of one upload, itself).
+
+It applies to an algorithm whose aggregate is exactly the size-weighted mean of every upload (it
+declares :class:`raysim.capabilities.presum.Presum` on the class whose ``aggregate`` it uses): the
+mean is all the server does with the uploads, so the noised mean is a private release of the round.
+Any other algorithm is refused in one sentence (:func:`check_client_level`).
+
+Adaptive clipping: each client also reports whether its update's norm was at most C (b_k), the
+server releases b = (sum_k b_k + N(0, sigma_b^2)) / m and moves the clip geometrically towards the
+quantile gamma, C <- C exp(-eta_C (b - gamma)) (Andrew et al., Algorithm 1 with the geometric update
+of their Sec. 3); the updates' own noise multiplier is then the one left after the count's share of
+the budget (:func:`raysim.privacy.accounting.adaptive_noise`), so the run's sigma is accounted as
+a whole. The clip lives in the server's state (a checkpoint keeps it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from raysim import rng
+from raysim.config import ExperimentConfig
+from raysim.errors import ConfigError
+from raysim.weights import ModelWeights
+from raysim.wire import ClientResult, Job, JobResult
+
+
+@dataclass(frozen=True)
+class PrivateState:
+    """What client-level DP keeps between rounds: the clip (it moves under adaptive clipping)."""
+
+    clip: float
+
+
+@dataclass(frozen=True)
+class RoundRelease:
+    """One round's release: the uploads' noised mean as one upload, and what the log reads."""
+
+    results: tuple[JobResult, ...]
+    state: PrivateState
+    scalars: tuple[tuple[str, float], ...]
+
+
+def expected_cohort(cfg: ExperimentConfig) -> float:
+    """m: the cohort a round samples in expectation: K for a fixed-size cohort, q N under Poisson
+    sampling (q the participation, N the clients that train)."""
+    if cfg.privacy.sampling == "poisson":
+        return cfg.participation * len(cfg.training_clients)
+    return float(cfg.clients_per_round)
+
+
+def on(cfg: ExperimentConfig) -> bool:
+    """Whether the run is private at the client level (``privacy.clip`` is not none)."""
+    return cfg.privacy.clip != "none"
+
+
+def eligible(algorithm: Any) -> bool:
+    """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every upload
+    of shared weights: declared with :class:`~raysim.capabilities.presum.Presum` on the class whose
+    ``aggregate`` it uses."""
+    from raysim.capabilities.presum import Presum
+
+    klass = algorithm if isinstance(algorithm, type) else type(algorithm)
+    found = Presum.of(klass)
+    return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+
+
+def check_client_level(cfg: ExperimentConfig, algorithm: Any) -> None:
+    """Refuse, in one sentence, what client-level DP cannot protect or account: an algorithm whose
+    server does more with the uploads than average them, an asynchronous deployment, and a
+    deployment whose sampling is not the one accounted (availability traces, over-selection)."""
+    if not on(cfg):
+        return
+    if not eligible(algorithm):
+        raise ConfigError(
+            f"{cfg.algo} cannot run under client-level DP (privacy.clip): its server does more with the "
+            "clients' uploads than average them, so no clip bounds what one client changes."
+        )
+    d = cfg.deployment
+    if d.mode == "async":
+        raise ConfigError(
+            "Client-level DP accounts rounds of sampled clients, and deployment.mode=async has none: "
+            "run it synchronously."
+        )
+    if d.availability != "always":
+        raise ConfigError(
+            f"Client-level DP's accountant assumes every client can be sampled in every round, which "
+            f"deployment.availability={d.availability} does not give: leave it always."
+        )
+    if d.policy == "overselect":
+        raise ConfigError(
+            "Over-selection keeps the first K of a larger cohort, a sampling the accountant does not "
+            "model: use the all or deadline policy under client-level DP."
+        )
+
+
+def parse_clip(text: str) -> tuple[str, float]:
+    """``privacy.clip``: ("none", 0), ("fixed", C) or ("adaptive", quantile)."""
+    from raysim.privacy.accounting import parse_clip as parse
+
+    spec = parse(text)
+    value = spec.norm if spec.kind == "fixed" else spec.quantile if spec.kind == "adaptive" else 0.0
+    return spec.kind, float(value or 0.0)
+
+
+def private_rounds(cfg: ExperimentConfig) -> ClientLevel | None:
+    """The run's client-level DP (None where ``privacy.clip`` is none), with the noise multiplier
+    the config gives (the driver calibrated it from ``privacy.target_epsilon`` before any work,
+    :func:`calibrated`)."""
+    if not on(cfg):
+        return None
+    cfg = calibrated(cfg)  # (as the driver did: a config it checked carries its sigma and delta)
+    sigma = cfg.privacy.noise_multiplier
+    assert sigma is not None, "check_privacy refuses client-level DP without a sigma or a target epsilon"
+    return ClientLevel(cfg, sigma)
+
+
+def calibrated(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``privacy.noise_multiplier`` set where it is calibrated from
+    ``privacy.target_epsilon`` (at ``privacy.delta``, over the run's rounds), and ``privacy.delta``
+    set to its default 1 / N^1.1 where it is not given: what every process of the run reads."""
+    from raysim.privacy.accounting import calibrate_noise, default_delta
+
+    p = cfg.privacy
+    if not on(cfg) and p.example_clip is None:
+        return cfg
+    n = len(cfg.training_clients)
+    delta = p.delta if p.delta is not None else default_delta(n)
+    sigma = p.noise_multiplier
+    if on(cfg) and sigma is None and p.target_epsilon is not None:
+        sigma = calibrate_noise(
+            p.target_epsilon, delta, cfg.rounds, p.sampling, n, cfg.clients_per_round, p.accountant
+        )
+    return replace(cfg, privacy=replace(p, delta=delta, noise_multiplier=sigma))
+
+
+def privacy_summary(cfg: ExperimentConfig, rounds_done: int) -> dict[str, Any]:
+    """summary.json's privacy fields of a run under client-level DP (none otherwise): the epsilon
+    spent over its ``rounds_done`` rounds at its delta, the noise multiplier, the accountant and
+    how it accounted the sampling."""
+    private = private_rounds(cfg)
+    if private is None:
+        return {}
+    p = private.cfg.privacy
+    accounting = private.accountant().describe()
+    return {
+        "epsilon": private.epsilon(rounds_done) if private.uploads(cfg) else 0.0,
+        "delta": p.delta,
+        "noise_multiplier": private.noise_multiplier,
+        "accountant": accounting["accountant"],
+        "sampling": p.sampling,
+        "privacy": accounting,
+    }
+
+
+class ClientLevel:
+    """Client-level DP for one run: its clip, noise multipliers and expected cohort."""
+
+    def __init__(self, cfg: ExperimentConfig, noise_multiplier: float) -> None:
+        from raysim.privacy.accounting import adaptive_noise, default_count_noise
+
+        self.cfg = cfg
+        p = cfg.privacy
+        self.kind, value = parse_clip(p.clip)
+        self.cohort = expected_cohort(cfg)
+        #: sigma of the run, as accounted
+        self.noise_multiplier = noise_multiplier
+        self.quantile = value if self.kind == "adaptive" else None
+        self.count_noise = (
+            (p.count_noise_multiplier if p.count_noise_multiplier is not None else default_count_noise(self.cohort))
+            if self.kind == "adaptive"
+            else 0.0
+        )
+        #: the updates' own noise multiplier: sigma, less the clipped count's share under adaptive clipping
+        self.update_noise = (
+            adaptive_noise(noise_multiplier, self.count_noise) if self.kind == "adaptive" and noise_multiplier > 0 else noise_multiplier
+        )
+        self.initial = PrivateState(p.clip_init if self.kind == "adaptive" else value)
+        self._accountant: Any = None
+
+    def accountant(self) -> Any:
+        """The run's accountant (:class:`raysim.privacy.accounting.Accountant`), made once."""
+        if self._accountant is None:
+            from raysim.privacy.accounting import Accountant
+
+            self._accountant = Accountant.for_experiment(self.cfg)
+        return self._accountant
+
+    @staticmethod
+    def uploads(cfg: ExperimentConfig) -> bool:
+        """Whether the run's algorithm uploads anything to protect (Local shares nothing)."""
+        from raysim.engine.experiment import Experiment
+
+        return bool(getattr(Experiment.of(cfg).algorithm, "shared_parts", ()))
+
+    def epsilon(self, rounds: int) -> float:
+        """The epsilon spent after ``rounds`` rounds, at the run's delta."""
+        assert self.cfg.privacy.delta is not None, "calibrated() sets the delta"
+        return float(self.accountant().epsilon(rounds, self.cfg.privacy.delta))
+
+    def private_round(
+        self, rnd: int, base: ModelWeights, results: Sequence[JobResult], state: PrivateState
+    ) -> RoundRelease:
+        """The round's uploads (each job's final client's shared weights) as one noised mean over
+        ``base``, the shared weights the clients received; the clip's next value; the round's log
+        (the clip, the share of updates clipped)."""
+        clip = state.clip
+        names = base.part_names
+        total = {n: np.zeros(base.part(n).size, np.float64) for n in names}
+        unclipped = 0
+        for jr in results:
+            up = jr.final.weights
+            if up is None:
+                raise ValueError("client-level DP reads every client's upload of shared weights")
+            delta = {n: up.part(n).astype(np.float64) - base.part(n) for n in names}
+            norm = math.sqrt(sum(float(np.dot(d, d)) for d in delta.values()))
+            unclipped += norm <= clip
+            scale = min(1.0, clip / norm) if norm > 0 else 1.0
+            for n in names:
+                total[n] += scale * delta[n]
+        g = rng.generator(self.cfg.seed, "privacy/noise", rnd)
+        sd = self.update_noise * clip
+        mean = {}
+        for n in names:  # part by part, in the weights' order: the same draws on every executor
+            noise = g.normal(0.0, sd, total[n].size) if sd > 0 else 0.0
+            mean[n] = (base.part(n) + (total[n] + noise) / self.cohort).astype(np.float32)
+        released = ModelWeights(**mean)
+        nxt = state
+        if self.kind == "adaptive":
+            assert self.quantile is not None
+            count = (unclipped + rng.generator(self.cfg.seed, "privacy/count", rnd).normal(0.0, self.count_noise)) / self.cohort
+            nxt = replace(state, clip=clip * math.exp(-self.cfg.privacy.clip_lr * (count - self.quantile)))
+        one = ClientResult(client=-1, num_samples=1, train_loss=0.0, weights=released)
+        scalars = (("privacy_clip", float(clip)), ("privacy_unclipped", unclipped / max(len(results), 1)))
+        return RoundRelease((JobResult(Job((-1,), None), (one,)),), nxt, scalars)
+
+
+__all__ = [
+    "ClientLevel",
+    "PrivateState",
+    "RoundRelease",
+    "calibrated",
+    "check_client_level",
+    "eligible",
+    "expected_cohort",
+    "on",
+    "private_rounds",
+]
