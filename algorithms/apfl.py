@@ -92,6 +92,10 @@ def mixed(v: ModelWeights, w: ModelWeights, alpha: float) -> ModelWeights:
 class APFL(AveragedWeights):
     """FedAvg's server; each client trains w, its personal v_k on the mixed model, and alpha_k."""
 
+    example_privacy = (
+        'it steps its personal model and its mixing weight in a loop of its own, which DP-SGD does not run'
+    )
+
     Config = APFLConfig
     has_global_model = True
     has_personal_model = True

@@ -75,6 +75,11 @@ class Algorithm(Generic[StateT]):
     has_personal_model: ClassVar[bool] = False
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
+    #: sample-level DP (``privacy.example_clip``, raysim.privacy.dp_sgd): None where DP-SGD covers
+    #: every step the algorithm's clients take on their data (the shared training loop, a loss that
+    #: is a mean of per-example terms, nothing else read from the data), else why not, in words that
+    #: end the refusal's sentence
+    example_privacy: ClassVar[str | None] = "its local training has not been shown to run every step through DP-SGD"
 
     def __init__(self, cfg: ExperimentConfig, params: Any) -> None:
         self.cfg = cfg

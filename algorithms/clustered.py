@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class ClusterEval:
 
 class ClusteredFL(Algorithm[ClusterState]):
     """A model per cluster, FedAvg inside each; subclasses form the clusters."""
+
+    example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     batching = Batching(
         why_not="its clients start from their own cluster's model, so a round's clients do not share one "
         "payload."

@@ -183,6 +183,10 @@ def learn_weights(
 class FedALA(AveragedWeights):
     """FedAvg's server; each client's adaptive local aggregation, then E epochs, on its home worker."""
 
+    example_privacy = (
+        "its adaptive local aggregation learns its weights with gradient steps of its own on the client's data"
+    )
+
     Config = FedALAConfig
     aliases = {"p": "layer_idx"}
     has_global_model = True

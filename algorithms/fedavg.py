@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.asynchronous import Asynchronous
@@ -48,6 +48,8 @@ class AveragedWeights(Algorithm[GlobalState]):
     every sampled client in a job of its own (on the client's home worker when ``pinned``, where
     its personal state lives) and come back averaged by training-set size. With no shared parts
     nothing is sent or averaged (Local)."""
+
+    example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
 
     shared_parts: tuple[str, ...] = GLOBAL_PARTS
     pinned = False

@@ -9,7 +9,7 @@ for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the last round's r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from algorithms.base import register
 from algorithms.frozen_head import FrozenHead, GlobalEval
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 @register("fedbabu")
 class FedBABU(FrozenHead):
+    example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     #: FedBABU-FT fine-tunes the whole model, with cross-entropy
     finetune = FineTune(parts=(*BODY, "head"), default_epochs=None)
 

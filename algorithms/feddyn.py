@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class DynState:
 
 @register("feddyn")
 class FedDyn(Algorithm[DynState]):
+    example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     batching = Batching(
         why_not="its loss has each client's own linear term, kept on its home worker."
     )

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 class FedRoD(SharedAndPersonal):
     """The shared state: body and generic head."""
 
+    example_privacy = (
+        "its balanced softmax reads the client's class counts, a statistic of all its data"
+    )
+
     has_global_model = True
     shared_parts = GLOBAL_PARTS
     personal_parts = ("phead",)

@@ -97,6 +97,9 @@ def proximity_matrix(bases: Sequence[np.ndarray], how: str = "pairwise") -> np.n
 
 @register("pacfl")
 class PACFL(OneShotClustered):
+    example_privacy = (
+        'its clients send the principal vectors of their data before round 1'
+    )
     Config = PACFLConfig
 
     @classmethod

@@ -108,6 +108,9 @@ def maml_step(
 
 @register("perfedavg")
 class PerFedAvg(AveragedWeights):
+    example_privacy = (
+        'it takes its own gradient steps (the MAML steps), outside the loop DP-SGD runs'
+    )
     Config = PerFedAvgConfig
     has_personal_model = True
 

@@ -77,6 +77,9 @@ def solve_inner(
 
 @register("pfedme")
 class PFedMe(AveragedWeights):
+    example_privacy = (
+        'it solves its inner problem with its own gradient steps, outside the loop DP-SGD runs'
+    )
     Config = PFedMeConfig
     has_personal_model = True
     pinned = True  # theta_i lives on i's home worker

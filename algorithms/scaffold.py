@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -56,6 +56,7 @@ def zeros_like(w: ModelWeights) -> ModelWeights:
 
 @register("scaffold")
 class Scaffold(Algorithm[ScaffoldState]):
+    example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     batching = Batching(
         why_not="each step is corrected by the client's own control variate, which differs from client to "
         "client."

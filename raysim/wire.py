@@ -52,6 +52,9 @@ class ClientResult:
     #: samples it trained on in this update, over every epoch and pass: its compute (a client-epoch
     #: is num_samples of them)
     samples_trained: int = 0
+    #: DP-SGD steps it took in this update (privacy.example_clip; raysim.privacy.dp_sgd): what the
+    #: server composes, per client, for its sample-level epsilon
+    dp_steps: int = 0
     #: ``eval.analyses``: the local model's ``local_*`` values (raysim.results.analysis), at evaluated rounds
     analysis: dict[str, float | None] | None = None
     #: ``eval.updated_lm``: the updated local model's correct predictions on the client's P-Test

@@ -36,10 +36,10 @@ from raysim.data import FederatedData, build_federated_data
 from raysim.data.loading import DataLoad
 from raysim.engine.executors.base import Executor
 from raysim.engine.experiment import Experiment, validate
+from raysim.engine.private import privacy_summary
 from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
 from raysim.plugins import registered_callbacks
-from raysim.privacy.client_level import privacy_summary
 from raysim.records import EvalReport, RoundStats, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, MODELS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
@@ -292,7 +292,7 @@ def run_experiment(
         last=history.last(exp.cfg.eval.last_k), last_k=exp.cfg.eval.last_k, totals=loop.totals,
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
-        privacy=privacy_summary(exp.cfg, max(loop.last_round, 0)),
+        privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

@@ -8,6 +8,7 @@ and the Ray executor wraps it in an actor.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from raysim.engine.evaluation import Evaluation
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
 from raysim.privacy.client_level import PrivateState, private_rounds
+from raysim.privacy.sample_level import ExampleAccount
+from raysim.privacy.sample_level import on as example_level
 from raysim.records import RoundStats
 from raysim.weights import ModelWeights, payload_nbytes
 from raysim.wire import ClientResult, ClientStats, Job, JobResult, ServerContext
@@ -116,21 +119,25 @@ class ServerHost:
         self._commits: dict[int, Any] = {}
         #: client-level DP (privacy.clip): each round's uploads released as one noised mean
         self.private = private_rounds(cfg)
-        self.private_state = self.private.initial if self.private is not None else None
+        #: sample-level DP (privacy.example_clip): each client's DP-SGD steps, accounted per client
+        self.examples = ExampleAccount(cfg, self.train_sizes) if example_level(cfg) else None
+        self.private_state: PrivateState | None = (
+            self.private.initial if self.private is not None else PrivateState(0.0) if self.examples else None
+        )
 
     @property
     def saved(self) -> Any:
         """What a checkpoint keeps of the server: the algorithm's state (in a timed deployment with
         the clock, and in async mode the updates in flight)."""
-        if self.buffer is None and self.clock is None and self.private is None:
+        if self.buffer is None and self.clock is None and self.private_state is None:
             return self.state
         return Saved(self.state, self.buffer, self.clock, self.private_state)
 
     def restore(self, saved: Any) -> None:
         if isinstance(saved, Saved):
             self.state, self.buffer, self.clock = saved.state, saved.buffer, saved.clock
-            if self.private is not None:
-                assert isinstance(saved.privacy, PrivateState), "a private run's checkpoint keeps its clip"
+            if self.private_state is not None:
+                assert isinstance(saved.privacy, PrivateState), "a private run's checkpoint keeps its state"
                 self.private_state = saved.privacy
         else:
             self.state = saved
@@ -191,7 +198,19 @@ class ServerHost:
             busy.update({c: start + t for c, t in late_until if start + t > end})
             self.clock = SyncClock(end, tuple(sorted(busy.items())))
         flat = [r for jr in results for r in jr.results]
+        private_log = (*private_log, *self._examples_spent(rnd, flat))
         return self._stats(rnd, flat, flat, closed, len(self._lost) + offline, closed.late, private_log)
+
+    def _examples_spent(self, rnd: int, trained: Sequence[ClientResult]) -> tuple[tuple[str, float], ...]:
+        """Sample-level DP: the round's DP-SGD steps added to each client's, and the largest
+        epsilon over the clients (``example_epsilon``)."""
+        if self.examples is None or self.private_state is None or not 1 <= rnd <= self.cfg.rounds:
+            return ()
+        steps = dict(self.private_state.example_steps)
+        for r in trained:
+            steps[r.client] = steps.get(r.client, 0) + r.dp_steps
+        self.private_state = dataclasses.replace(self.private_state, example_steps=tuple(sorted(steps.items())))
+        return (("example_epsilon", self.examples.epsilon(steps)),) if self._reported(rnd) else ()
 
     def _released(self, rnd: int, kept: Sequence[JobResult]) -> tuple[Sequence[JobResult], tuple[tuple[str, float], ...]]:
         """The updates the algorithm aggregates: as they arrived, or under client-level DP in a
@@ -202,11 +221,18 @@ class ServerHost:
             return kept, ()
         base = self.algo.started_from(self.state)  # type: ignore[attr-defined]
         if not base.part_names:  # nothing shared, nothing uploaded (Local): nothing to release
-            return kept, (("epsilon", 0.0),)
+            return kept, (("epsilon", 0.0),) if self._reported(rnd) else ()
         assert self.private_state is not None
         release = self.private.private_round(rnd, base, kept, self.private_state)
         self.private_state = release.state
-        return release.results, (*release.scalars, ("epsilon", self.private.epsilon(rnd)))
+        spent = (("epsilon", self.private.epsilon(rnd)),) if self._reported(rnd) else ()
+        return release.results, (*release.scalars, *spent)
+
+    def _reported(self, rnd: int) -> bool:
+        """Whether round ``rnd``'s row is written, so its epsilon is asked for (an accountant's
+        answer takes a fraction of a second; the rows are the evaluated rounds, and a run with a time
+        budget may end at any round)."""
+        return evaluation_due(self.cfg, rnd) or self.cfg.deployment.time_budget_s is not None
 
     def _nominal(self, client: int) -> float:
         return self.deployment.nominal_s(client, self.train_sizes[client], self.model_bytes)

@@ -21,7 +21,7 @@ aggregates, :meth:`ClientLevel.private_round` replaces them with one noised mean
 It applies to an algorithm whose aggregate is exactly the size-weighted mean of every upload (it
 declares :class:`raysim.capabilities.presum.Presum` on the class whose ``aggregate`` it uses): the
 mean is all the server does with the uploads, so the noised mean is a private release of the round.
-Any other algorithm is refused in one sentence (:func:`check_client_level`).
+Any other algorithm is refused in one sentence (:func:`raysim.engine.private.check_client_level`).
 
 Adaptive clipping: each client also reports whether its update's norm was at most C (b_k), the
 server releases b = (sum_k b_k + N(0, sigma_b^2)) / m and moves the clip geometrically towards the
@@ -42,7 +42,6 @@ import numpy as np
 
 from raysim import rng
 from raysim.config import ExperimentConfig
-from raysim.errors import ConfigError
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult
 
@@ -52,6 +51,8 @@ class PrivateState:
     """What client-level DP keeps between rounds: the clip (it moves under adaptive clipping)."""
 
     clip: float
+    #: sample-level DP: each client's DP-SGD steps so far (client, steps), sorted
+    example_steps: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,46 +75,6 @@ def expected_cohort(cfg: ExperimentConfig) -> float:
 def on(cfg: ExperimentConfig) -> bool:
     """Whether the run is private at the client level (``privacy.clip`` is not none)."""
     return cfg.privacy.clip != "none"
-
-
-def eligible(algorithm: Any) -> bool:
-    """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every upload
-    of shared weights: declared with :class:`~raysim.capabilities.presum.Presum` on the class whose
-    ``aggregate`` it uses."""
-    from raysim.capabilities.presum import Presum
-
-    klass = algorithm if isinstance(algorithm, type) else type(algorithm)
-    found = Presum.of(klass)
-    return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
-
-
-def check_client_level(cfg: ExperimentConfig, algorithm: Any) -> None:
-    """Refuse, in one sentence, what client-level DP cannot protect or account: an algorithm whose
-    server does more with the uploads than average them, an asynchronous deployment, and a
-    deployment whose sampling is not the one accounted (availability traces, over-selection)."""
-    if not on(cfg):
-        return
-    if not eligible(algorithm):
-        raise ConfigError(
-            f"{cfg.algo} cannot run under client-level DP (privacy.clip): its server does more with the "
-            "clients' uploads than average them, so no clip bounds what one client changes."
-        )
-    d = cfg.deployment
-    if d.mode == "async":
-        raise ConfigError(
-            "Client-level DP accounts rounds of sampled clients, and deployment.mode=async has none: "
-            "run it synchronously."
-        )
-    if d.availability != "always":
-        raise ConfigError(
-            f"Client-level DP's accountant assumes every client can be sampled in every round, which "
-            f"deployment.availability={d.availability} does not give: leave it always."
-        )
-    if d.policy == "overselect":
-        raise ConfigError(
-            "Over-selection keeps the first K of a larger cohort, a sampling the accountant does not "
-            "model: use the all or deadline policy under client-level DP."
-        )
 
 
 def parse_clip(text: str) -> tuple[str, float]:
@@ -144,35 +105,16 @@ def calibrated(cfg: ExperimentConfig) -> ExperimentConfig:
     from raysim.privacy.accounting import calibrate_noise, default_delta
 
     p = cfg.privacy
-    if not on(cfg) and p.example_clip is None:
+    if not on(cfg):  # (sample-level DP's delta has its default of its own: raysim.privacy.sample_level)
         return cfg
     n = len(cfg.training_clients)
     delta = p.delta if p.delta is not None else default_delta(n)
     sigma = p.noise_multiplier
-    if on(cfg) and sigma is None and p.target_epsilon is not None:
+    if sigma is None and p.target_epsilon is not None:
         sigma = calibrate_noise(
             p.target_epsilon, delta, cfg.rounds, p.sampling, n, cfg.clients_per_round, p.accountant
         )
     return replace(cfg, privacy=replace(p, delta=delta, noise_multiplier=sigma))
-
-
-def privacy_summary(cfg: ExperimentConfig, rounds_done: int) -> dict[str, Any]:
-    """summary.json's privacy fields of a run under client-level DP (none otherwise): the epsilon
-    spent over its ``rounds_done`` rounds at its delta, the noise multiplier, the accountant and
-    how it accounted the sampling."""
-    private = private_rounds(cfg)
-    if private is None:
-        return {}
-    p = private.cfg.privacy
-    accounting = private.accountant().describe()
-    return {
-        "epsilon": private.epsilon(rounds_done) if private.uploads(cfg) else 0.0,
-        "delta": p.delta,
-        "noise_multiplier": private.noise_multiplier,
-        "accountant": accounting["accountant"],
-        "sampling": p.sampling,
-        "privacy": accounting,
-    }
 
 
 class ClientLevel:
@@ -207,13 +149,6 @@ class ClientLevel:
 
             self._accountant = Accountant.for_experiment(self.cfg)
         return self._accountant
-
-    @staticmethod
-    def uploads(cfg: ExperimentConfig) -> bool:
-        """Whether the run's algorithm uploads anything to protect (Local shares nothing)."""
-        from raysim.engine.experiment import Experiment
-
-        return bool(getattr(Experiment.of(cfg).algorithm, "shared_parts", ()))
 
     def epsilon(self, rounds: int) -> float:
         """The epsilon spent after ``rounds`` rounds, at the run's delta."""
@@ -262,8 +197,6 @@ __all__ = [
     "PrivateState",
     "RoundRelease",
     "calibrated",
-    "check_client_level",
-    "eligible",
     "expected_cohort",
     "on",
     "private_rounds",

@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,6 +58,9 @@ from raysim.toolkit.train import (
 )
 from raysim.weights import PARTS, ModelWeights, payload_nbytes
 from raysim.wire import ClientResult
+
+if TYPE_CHECKING:
+    from raysim.privacy.dp_sgd import DPSGD
 
 #: The shuffle streams of the built-in algorithms, keyed as they were before streams had names (so
 #: their numbers did not move): the local update's passes are "shuffle/<epoch>", the fine-tuning
@@ -185,6 +188,11 @@ class ClientContext:
         #: the share of each training pass's steps this client does this round (deployment.completeness;
         #: 1.0 when ``evaluating``: evaluation-time work is never cut)
         self.work_fraction = 1.0 if evaluating else workspace.deployment.work_fraction(rnd, cid)
+        self._evaluating = evaluating
+        #: DP-SGD (``privacy.example_clip``; raysim.privacy.dp_sgd), made at the job's first training
+        #: pass, its keyed generators continuing across the job's passes; its ``steps`` are the
+        #: job's DP-SGD steps, which :meth:`result` reports for the client's accounting
+        self._dp: DPSGD | None = None
 
     # ---- data
     @property
@@ -216,6 +224,24 @@ class ClientContext:
         if self.cfg.data.augment == "none":
             return batches
         return self._augmented(batches, f"augment/{shuffle_purpose(stream, epoch)}")
+
+    def dp_sgd(self) -> DPSGD | None:
+        """This job's DP-SGD (None without ``privacy.example_clip``)."""
+        if self._dp is None and self.cfg.privacy.example_clip is not None:
+            from raysim.privacy.dp_sgd import for_client
+
+            self._dp = for_client(self.cfg, self.rnd, self.cid, self.num_samples, evaluating=self._evaluating)
+        return self._dp
+
+    def private_batches(self, dp: DPSGD, epoch: int, stream: str = "local") -> Iterator[Batch]:
+        """DP-SGD's lots for epoch ``epoch`` of ``stream``: as many as :meth:`batches` has batches,
+        each a Poisson sample of the client's examples (raysim.privacy.dp_sgd)."""
+        x, y = self.train_tensors()
+        t = self.cfg.train
+        lots = dp.lot_batches(x, y, batches_per_epoch(int(x.shape[0]), t.batch_size, t.drop_last))
+        if self.cfg.data.augment == "none":
+            return lots
+        return self._augmented(lots, f"augment/{shuffle_purpose(stream, epoch)}")
 
     def _augmented(self, batches: Iterator[Batch], purpose: str) -> Iterator[Batch]:
         """``batches`` through ``data.augment`` (:mod:`raysim.toolkit.augment`), drawn from (seed,
@@ -345,9 +371,12 @@ class ClientContext:
             steps = self.steps_done(steps if steps is not None else n * per_epoch)
             n = self.epochs_of(None, steps)
         first = self._cursor.get(stream, 0)
+        dp = self.dp_sgd()
         stats = local_train(
             self.model,
-            lambda epoch: self.batches(first + epoch, stream),
+            (lambda epoch: self.private_batches(dp, first + epoch, stream))
+            if dp is not None
+            else (lambda epoch: self.batches(first + epoch, stream)),
             epochs=n,
             parts=parts,
             sgd=SGDConfig(
@@ -360,6 +389,7 @@ class ClientContext:
             max_steps=steps,
             momentum=parameter_views(self.model, momentum, self.device) if momentum is not None else None,
             extra=extra,
+            dp=dp,
         )
         if advance:
             self._cursor[stream] = first + n
@@ -458,6 +488,7 @@ class ClientContext:
             extra=extra,
             bytes_up=payload_nbytes(weights) + payload_nbytes(extra),
             samples_trained=self.samples_trained,
+            dp_steps=self._dp.steps if self._dp is not None else 0,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ import torch.nn.functional as F
 from raysim.models import SplitModel, layout, parameters_of
 from raysim.toolkit.sgd import SGD
 from raysim.weights import PARTS
+
+if TYPE_CHECKING:
+    from raysim.privacy.dp_sgd import DPSGD
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -91,6 +95,7 @@ def local_train(
     max_steps: int | None = None,
     momentum: Sequence[torch.Tensor] | None = None,
     extra: Sequence[torch.nn.Parameter] = (),
+    dp: DPSGD | None = None,
 ) -> TrainStats:
     """Train ``parts`` of ``model`` for ``epochs`` passes over ``batches(epoch)`` with SGD, or for
     ``max_steps`` steps if that comes first. ``extra``: parameters outside the model that the loss
@@ -99,30 +104,45 @@ def local_train(
     A fresh optimizer each call, its momentum buffers zero, or ``momentum`` (one buffer per
     trainable parameter, in order: the buffers another call ended with, e.g. the previous client's
     in a chain that carries momentum along).
+
+    ``dp``: DP-SGD (:mod:`raysim.privacy.dp_sgd`): each step's gradient is then the lot's clipped
+    per-example gradients summed, noised and divided by the expected lot size, and the mean loss is
+    over the steps whose lot had examples.
     """
     params = set_trainable(model, parts) + list(extra)
     if not params or epochs == 0 or max_steps == 0:
         return TrainStats(0.0, 0, 0)
     opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay, buffers=momentum)
+    private = dp.attach(model, params) if dp is not None else None
     total: torch.Tensor | None = None  # summed on the device: no host sync per step
-    steps = samples = 0
-    for epoch in range(epochs):
-        if max_steps is not None and steps >= max_steps:
-            break
-        for x, y in batches(epoch):
+    loss: torch.Tensor | None
+    steps = samples = counted = 0
+    try:
+        for epoch in range(epochs):
             if max_steps is not None and steps >= max_steps:
                 break
-            opt.zero_grad()
-            loss = loss_fn(model, x, y)
-            loss.backward()
-            if after_backward is not None:
-                after_backward()
-            opt.step()
-            step_loss = loss.detach().to(torch.float64)
-            total = step_loss if total is None else total + step_loss
-            steps += 1
-            samples += int(y.shape[0])
-    mean = float(total) / steps if total is not None else 0.0
+            for x, y in batches(epoch):
+                if max_steps is not None and steps >= max_steps:
+                    break
+                opt.zero_grad()
+                if private is None:
+                    loss = loss_fn(model, x, y)
+                    loss.backward()
+                else:
+                    loss = private.step(loss_fn, x, y)  # None for an empty Poisson lot
+                if after_backward is not None:
+                    after_backward()
+                opt.step()
+                if loss is not None:
+                    step_loss = loss.detach().to(torch.float64)
+                    total = step_loss if total is None else total + step_loss
+                    counted += 1
+                steps += 1
+                samples += int(y.shape[0])
+    finally:
+        if private is not None:
+            private.close()
+    mean = float(total) / counted if total is not None else 0.0
     return TrainStats(mean, steps, samples, opt.momentum_buffers())
 
 

@@ -125,7 +125,19 @@ def test_no_module_imports_anothers_private_names():
 #: raysim's packages from the bottom up: a module imports only from its own layer or those below.
 #: "core" is raysim's top-level modules (config, registry, wire, weights, records, ...); "api" is
 #: raysim/api.py, the Python API under the commands.
-LAYERS = ("core", "data", "deployment", "toolkit", "capabilities", "results", "engine", "suite", "api", "commands")
+LAYERS = (
+    "core",
+    "data",
+    "deployment",
+    "privacy",
+    "toolkit",
+    "capabilities",
+    "results",
+    "engine",
+    "suite",
+    "api",
+    "commands",
+)
 
 
 def layer_of(module: str) -> str:

@@ -1,0 +1,112 @@
+"""What the engine asks of differential privacy (raysim.privacy) about an algorithm: which runs it
+can protect, refused in one sentence before any work where it cannot, and the privacy fields of a
+run's summary.json. The mechanisms and the accountant are in :mod:`raysim.privacy`; these checks read
+the algorithm's class and its capabilities, which sit above it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.presum import Presum
+from raysim.config import ExperimentConfig
+from raysim.errors import ConfigError
+from raysim.privacy import client_level, dp_sgd
+
+
+def eligible(algorithm: Any) -> bool:
+    """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every upload
+    of shared weights: declared with :class:`~raysim.capabilities.presum.Presum` on the class whose
+    ``aggregate`` it uses; then client-level DP's noised mean is a private release of its round."""
+    klass = algorithm if isinstance(algorithm, type) else type(algorithm)
+    found = Presum.of(klass)
+    return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+
+
+def check_client_level(cfg: ExperimentConfig, algorithm: Any) -> None:
+    """Refuse, in one sentence, what client-level DP cannot protect or account: an algorithm whose
+    server does more with the uploads than average them, an asynchronous deployment, and a
+    deployment whose sampling is not the one accounted (availability traces, over-selection)."""
+    if not client_level.on(cfg):
+        return
+    if not eligible(algorithm):
+        raise ConfigError(
+            f"{cfg.algo} cannot run under client-level DP (privacy.clip): its server does more with the "
+            "clients' uploads than average them, so no clip bounds what one client changes."
+        )
+    d = cfg.deployment
+    if d.mode == "async":
+        raise ConfigError(
+            "Client-level DP accounts rounds of sampled clients, and deployment.mode=async has none: "
+            "run it synchronously."
+        )
+    if d.availability != "always":
+        raise ConfigError(
+            f"Client-level DP's accountant assumes every client can be sampled in every round, which "
+            f"deployment.availability={d.availability} does not give: leave it always."
+        )
+    if d.policy == "overselect":
+        raise ConfigError(
+            "Over-selection keeps the first K of a larger cohort, a sampling the accountant does not "
+            "model: use the all or deadline policy under client-level DP."
+        )
+
+
+def check_sample_level(cfg: ExperimentConfig, algorithm: Any) -> None:
+    """:func:`raysim.privacy.dp_sgd.check` (BatchNorm, batched clients), an asynchronous deployment,
+    the algorithm's own word on DP-SGD (its class's ``example_privacy``: None where every step its
+    clients take on their data runs through DP-SGD), and "-FT", whose steps after the last round no
+    accountant sees; each refused in one sentence before any work."""
+    if cfg.privacy.example_clip is None:
+        return
+    dp_sgd.check(cfg)
+    if cfg.deployment.mode == "async":
+        raise ConfigError(
+            "privacy.example_clip (DP-SGD) accounts each client's steps round by round, which "
+            "deployment.mode=async does not have: run it synchronously."
+        )
+    why = getattr(algorithm, "example_privacy", "it declares nothing about DP-SGD")
+    if why is not None:
+        raise ConfigError(f"{cfg.algo} cannot run under privacy.example_clip (DP-SGD): {why}.")
+    if FineTune.of(algorithm).on(cfg):
+        raise ConfigError(
+            "privacy.example_clip (DP-SGD) accounts the rounds' steps, and the fine-tuning after the last "
+            "round (algo.ft_epochs) would take more on the same data: set algo.ft_epochs=0."
+        )
+
+
+def privacy_summary(
+    cfg: ExperimentConfig, algorithm: Any, rounds_done: int, rows: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """summary.json's privacy fields: under client-level DP the epsilon spent over its
+    ``rounds_done`` rounds at its delta (0 for an algorithm that uploads nothing, Local), the noise
+    multiplier, the accountant and how it accounted the sampling; under sample-level DP the largest
+    epsilon over the clients (``example_epsilon``, the last of the metric ``rows`` that has it); nothing
+    for a run without DP."""
+    out: dict[str, Any] = {}
+    if cfg.privacy.example_clip is not None:
+        spent = [r["example_epsilon"] for r in rows if r.get("example_epsilon") is not None]
+        out = {
+            "example_epsilon": spent[-1] if spent else 0.0,
+            "example_noise_multiplier": cfg.privacy.example_noise_multiplier,
+            "per_example": cfg.privacy.per_example,
+        }
+    private = client_level.private_rounds(cfg)
+    if private is None:
+        return out
+    p = private.cfg.privacy
+    accounting = private.accountant().describe()
+    uploads = bool(getattr(algorithm, "shared_parts", ()))
+    return {
+        **out,
+        "epsilon": private.epsilon(rounds_done) if uploads else 0.0,
+        "delta": p.delta,
+        "noise_multiplier": private.noise_multiplier,
+        "accountant": accounting["accountant"],
+        "sampling": p.sampling,
+        "privacy": accounting,
+    }
+
+
+__all__ = ["check_client_level", "check_sample_level", "eligible", "privacy_summary"]
