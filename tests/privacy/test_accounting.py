@@ -169,7 +169,7 @@ def test_module_import_is_light():
 
 @pytest.mark.parametrize(
     ("target", "sampling", "accountant", "rounds"),
-    [(2.0, "poisson", "rdp", 100), (4.0, "fixed", "rdp", 30), (1.5, "poisson", "pld", 20)],
+    [(2.0, "poisson", "rdp", 100), (4.0, "fixed", "rdp", 10), (1.5, "poisson", "pld", 5)],
 )
 def test_calibration_round_trips(target, sampling, accountant, rounds):
     n, cohort, delta = 1000, 50, 1e-5

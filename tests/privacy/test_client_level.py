@@ -152,7 +152,10 @@ def test_epsilon_is_in_every_row_and_the_summary(tmp_path):
 
 @pytest.mark.ray
 def test_serial_equals_ray_under_dp(tmp_path, ray_local):
-    setup = {"rounds": 2, "eval.every": 1, **DP, "privacy.clip": "adaptive:0.5", "privacy.count_noise_multiplier": 2.0, "privacy.sampling": "poisson"}
+    setup = {
+        "rounds": 2, "eval.every": 1, **DP, "privacy.clip": "adaptive:0.5", "privacy.count_noise_multiplier": 2.0,
+        "privacy.sampling": "poisson", "privacy.accountant": "rdp",
+    }  # fmt: skip
     serial = run_experiment(tiny_config(tmp_path / "s", **setup))
     ray_run = run_experiment(tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
     assert without_times(ray_run.rows) == without_times(serial.rows)

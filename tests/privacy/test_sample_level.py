@@ -16,7 +16,8 @@ from raysim.privacy.dp_sgd import sampling_rate
 from raysim.toolkit.train import batches_per_epoch
 from tests.conftest import tiny_config, without_times
 
-DPSGD = {"privacy.example_clip": 1.0, "privacy.example_noise_multiplier": 1.1}
+#: (the RDP accountant: a fraction of PLD's time, and any accountant shows what is summed)
+DPSGD = {"privacy.example_clip": 1.0, "privacy.example_noise_multiplier": 1.1, "privacy.accountant": "rdp"}
 
 
 def test_each_client_is_accounted_on_its_rate_and_steps_and_the_largest_is_reported(tmp_path):
@@ -30,7 +31,7 @@ def test_each_client_is_accounted_on_its_rate_and_steps_and_the_largest_is_repor
     delta = 1 / max(sizes) ** 1.1
     for row in run.rows:
         want = max(
-            dp_sgd_epsilon(1.1, sampling_rate(b, n), row["round"] * batches_per_epoch(n, b, False), delta, "pld")
+            dp_sgd_epsilon(1.1, sampling_rate(b, n), row["round"] * batches_per_epoch(n, b, False), delta, "rdp")
             for n in sizes
         )
         assert row["example_epsilon"] == pytest.approx(want, rel=1e-9)
@@ -70,7 +71,7 @@ def test_resume_equals_uninterrupted_under_dp_sgd(tmp_path):
     from raysim import checkpoint
     from tests.engine.test_checkpoint import CtrlCAfter
 
-    setup = {"rounds": 4, "eval.every": 1, **DPSGD}
+    setup = {"rounds": 3, "eval.every": 1, **DPSGD}
     full = run_experiment(tiny_config(tmp_path / "full", **setup))
     cfg = tiny_config(tmp_path / "stopped", **setup)
     assert run_experiment(cfg, [CtrlCAfter(2)]).last_round == 2
