@@ -170,7 +170,8 @@ class ClientLevel:
             if up is None:
                 raise ValueError("client-level DP reads every client's upload of shared weights")
             delta = {n: up.part(n).astype(np.float64) - base.part(n) for n in names}
-            norm = math.sqrt(sum(float(np.dot(d, d)) for d in delta.values()))
+            # (einsum, not np.dot: OpenBLAS's threads made each dot product 400 times slower on a busy CPU)
+            norm = math.sqrt(sum(float(np.einsum("i,i->", d, d)) for d in delta.values()))
             unclipped += norm <= clip
             scale = min(1.0, clip / norm) if norm > 0 else 1.0
             for n in names:
