@@ -80,6 +80,17 @@ def without_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.endswith("_time_s") or k == "sim_time_s"} for row in rows]
 
 
+def assert_serial_equals_ray(tmp_path: Any, **setup: Any) -> list[dict[str, Any]]:
+    """Run ``setup`` (settings over :func:`tiny_config`) on the serial executor and on Ray with two
+    workers; assert their rows are the same, wall times aside; return the serial run's rows."""
+    from raysim.engine.runner import run_experiment
+
+    serial = run_experiment(tiny_config(tmp_path / "serial", **setup))
+    ray_run = run_experiment(tiny_config(tmp_path / "ray", **setup, **{"ray.executor": "ray", "ray.workers": 2}))
+    assert without_times(ray_run.rows) == without_times(serial.rows)
+    return serial.rows
+
+
 def run_round(executor: Any, rnd: int, clients: list[int]) -> list[Any]:
     """Run round ``rnd`` on a SerialExecutor and return every ClientResult the server received."""
     got: list[Any] = []

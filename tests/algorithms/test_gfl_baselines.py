@@ -10,7 +10,7 @@ from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, WeightsPayload
-from tests.conftest import run_round, tiny_config, without_times
+from tests.conftest import assert_serial_equals_ray, run_round, tiny_config
 
 
 def _executor(tmp_path, algo, **changes):
@@ -173,9 +173,4 @@ def test_learns_and_reports_its_metrics(tmp_path, algo):
 @pytest.mark.ray
 @pytest.mark.parametrize("algo", ["fedntd", "fedexp"])
 def test_serial_equals_ray(tmp_path, ray_local, algo):
-    setup = {"algo": algo, "rounds": 2, "participation": 0.75, "eval.every": 1}
-    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
-    ray_run = run_experiment(
-        tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
-    )
-    assert without_times(ray_run.rows) == without_times(serial.rows)
+    assert_serial_equals_ray(tmp_path, algo=algo, rounds=2, participation=0.75, **{"eval.every": 1})

@@ -15,7 +15,7 @@ from raysim.engine.experiment import validate
 from raysim.engine.runner import prepare, run_experiment
 from raysim.errors import ConfigError
 from raysim.weights import BODY, GLOBAL_PARTS
-from tests.conftest import run_round, tiny_config, without_times
+from tests.conftest import assert_serial_equals_ray, run_round, tiny_config
 
 
 def _executor(tmp_path, algo, **changes):
@@ -308,12 +308,7 @@ def test_learns_and_reports_its_metrics(tmp_path, algo, changes, metric):
 @pytest.mark.ray
 @pytest.mark.parametrize("algo", ["moon", "apfl"])
 def test_serial_equals_ray(tmp_path, ray_local, algo):
-    setup = {"algo": algo, "rounds": 2, "participation": 0.75, "eval.every": 1}
-    serial = run_experiment(tiny_config(tmp_path / "s", **setup))
-    ray_run = run_experiment(
-        tiny_config(tmp_path / "r", **setup, **{"ray.executor": "ray", "ray.workers": 2})
-    )
-    assert without_times(ray_run.rows) == without_times(serial.rows)
+    assert_serial_equals_ray(tmp_path, algo=algo, rounds=2, participation=0.75, **{"eval.every": 1})
 
 
 @pytest.mark.parametrize(
