@@ -128,7 +128,8 @@ class ServerHost:
     @property
     def saved(self) -> Any:
         """What a checkpoint keeps of the server: the algorithm's state (in a timed deployment with
-        the clock, and in async mode the updates in flight)."""
+        the clock, in async mode the updates in flight, and under DP the privacy state: the
+        adaptive clip, the clients' DP-SGD steps)."""
         if self.buffer is None and self.clock is None and self.private_state is None:
             return self.state
         return Saved(self.state, self.buffer, self.clock, self.private_state)
