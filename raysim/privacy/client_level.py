@@ -66,24 +66,16 @@ class RoundRelease:
 
 def expected_cohort(cfg: ExperimentConfig) -> float:
     """m: the cohort a round samples in expectation: K for a fixed-size cohort, q N under Poisson
-    sampling (q the participation, N the clients that train)."""
-    if cfg.privacy.sampling == "poisson":
-        return cfg.participation * len(cfg.training_clients)
-    return float(cfg.clients_per_round)
+    sampling (q the participation, N the clients that train), the accountant's
+    (:func:`raysim.privacy.accounting.population`)."""
+    from raysim.privacy.accounting import population
+
+    return float(population(cfg)[1])
 
 
 def on(cfg: ExperimentConfig) -> bool:
     """Whether the run is private at the client level (``privacy.clip`` is not none)."""
     return cfg.privacy.clip != "none"
-
-
-def parse_clip(text: str) -> tuple[str, float]:
-    """``privacy.clip``: ("none", 0), ("fixed", C) or ("adaptive", quantile)."""
-    from raysim.privacy.accounting import parse_clip as parse
-
-    spec = parse(text)
-    value = spec.norm if spec.kind == "fixed" else spec.quantile if spec.kind == "adaptive" else 0.0
-    return spec.kind, float(value or 0.0)
 
 
 def private_rounds(cfg: ExperimentConfig) -> ClientLevel | None:
@@ -102,18 +94,16 @@ def calibrated(cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with ``privacy.noise_multiplier`` set where it is calibrated from
     ``privacy.target_epsilon`` (at ``privacy.delta``, over the run's rounds), and ``privacy.delta``
     set to its default 1 / N^1.1 where it is not given: what every process of the run reads."""
-    from raysim.privacy.accounting import calibrate_noise, default_delta
+    from raysim.privacy.accounting import calibrate_noise, default_delta, population
 
     p = cfg.privacy
     if not on(cfg):  # (sample-level DP's delta has its default of its own: raysim.privacy.sample_level)
         return cfg
-    n = len(cfg.training_clients)
+    n, cohort = population(cfg)  # the accountant's: the expected cohort q N under Poisson sampling
     delta = p.delta if p.delta is not None else default_delta(n)
     sigma = p.noise_multiplier
     if sigma is None and p.target_epsilon is not None:
-        sigma = calibrate_noise(
-            p.target_epsilon, delta, cfg.rounds, p.sampling, n, cfg.clients_per_round, p.accountant
-        )
+        sigma = calibrate_noise(p.target_epsilon, delta, cfg.rounds, p.sampling, n, cohort, p.accountant)
     return replace(cfg, privacy=replace(p, delta=delta, noise_multiplier=sigma))
 
 
@@ -121,15 +111,16 @@ class ClientLevel:
     """Client-level DP for one run: its clip, noise multipliers and expected cohort."""
 
     def __init__(self, cfg: ExperimentConfig, noise_multiplier: float) -> None:
-        from raysim.privacy.accounting import adaptive_noise, default_count_noise
+        from raysim.privacy.accounting import adaptive_noise, default_count_noise, parse_clip
 
         self.cfg = cfg
         p = cfg.privacy
-        self.kind, value = parse_clip(p.clip)
+        clip = parse_clip(p.clip)
+        self.kind = clip.kind
         self.cohort = expected_cohort(cfg)
         #: sigma of the run, as accounted
         self.noise_multiplier = noise_multiplier
-        self.quantile = value if self.kind == "adaptive" else None
+        self.quantile = clip.quantile
         self.count_noise = (
             (p.count_noise_multiplier if p.count_noise_multiplier is not None else default_count_noise(self.cohort))
             if self.kind == "adaptive"
@@ -139,7 +130,7 @@ class ClientLevel:
         self.update_noise = (
             adaptive_noise(noise_multiplier, self.count_noise) if self.kind == "adaptive" and noise_multiplier > 0 else noise_multiplier
         )
-        self.initial = PrivateState(p.clip_init if self.kind == "adaptive" else value)
+        self.initial = PrivateState(p.clip_init if self.kind == "adaptive" else float(clip.norm or 0.0))
         self._accountant: Any = None
 
     def accountant(self) -> Any:

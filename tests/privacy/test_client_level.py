@@ -190,3 +190,17 @@ def test_what_client_level_dp_cannot_account_is_refused_in_one_sentence(settings
     with pytest.raises(ConfigError, match=words) as err:
         validate(from_dict(ExperimentConfig, data))
     assert str(err.value).count(". ") == 0
+
+
+def test_the_calibrated_sigma_spends_the_target_as_the_run_accounts_it():
+    """Poisson sampling with an expected cohort that is no whole number (q N = 6.6): sigma is
+    calibrated on the cohort the accountant then reads, so the run spends its target, not less."""
+    from raysim.privacy.accounting import Accountant
+
+    exp = validate(
+        tiny_config(clients=20, participation=0.33, rounds=5, **{"privacy.clip": "1.0", "privacy.target_epsilon": 3.0,
+                    "privacy.sampling": "poisson", "privacy.accountant": "rdp"})  # fmt: skip
+    )
+    spent = Accountant.for_experiment(exp.cfg).epsilon(5)
+    assert spent <= 3.0 and spent == pytest.approx(3.0, rel=0.01)
+    assert expected_cohort(exp.cfg) == pytest.approx(6.6)
