@@ -28,6 +28,7 @@ from raysim.weights import PARTS, ModelWeights
 
 __all__ = [
     "L2Normalize",
+    "LossModule",
     "ModuleLayout",
     "SplitModel",
     "StrictBatchNorm1d",
@@ -86,6 +87,20 @@ class SplitModel(nn.Module):
         """The personal path: phead(filter(extractor(x)))."""
         out: torch.Tensor = self.phead(self.filter(self.extractor(x)))
         return out
+
+
+class LossModule(nn.Module):
+    """A loss of ``model`` as a module, ``loss_fn(model, x, y, *inputs)``, so that
+    ``torch.func.functional_call`` can run it on substituted parameters (batched training, DP-SGD's
+    per-example gradients)."""
+
+    def __init__(self, model: SplitModel, loss_fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model, x, y, *inputs)
 
 
 class L2Normalize(nn.Module):

@@ -262,7 +262,9 @@ class PrivateSteps:
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         from torch.func import functional_call, grad, vmap
 
-        module = _LossModule(self.model, loss_fn)
+        from raysim.models import LossModule
+
+        module = LossModule(self.model, loss_fn)
         theta = {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
 
         def one(
@@ -343,20 +345,3 @@ __all__ = [
     "poisson_batches",
     "sampling_rate",
 ]
-
-
-def _LossModule(model: SplitModel, loss_fn: LossFn) -> torch.nn.Module:  # noqa: N802 (a class, made on first use)
-    """The loss as a module, so that ``functional_call`` runs it on substituted parameters."""
-    import torch
-
-    class LossModule(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = loss_fn(self.model, x, y)
-            return out
-
-    return LossModule()
-

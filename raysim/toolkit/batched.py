@@ -25,21 +25,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from raysim.models import SplitModel, parameters_of
+from raysim.models import LossModule, SplitModel, parameters_of
 from raysim.toolkit.train import Batch, LossFn, SGDConfig, set_trainable
 from raysim.torch_internals import is_batch_norm
-
-
-class _Loss(nn.Module):
-    """The loss as a module, so that ``functional_call`` can run it on substituted parameters."""
-
-    def __init__(self, model: SplitModel, loss_fn: LossFn) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model, x, y, *inputs)
 
 
 def why_not_batchable(model: SplitModel) -> str | None:
@@ -122,7 +110,7 @@ class BatchedTrainer:
 
         extra = [torch.stack(list(t)) for t in zip(*inputs, strict=True)] if inputs else []
 
-        module = _Loss(self.model, loss_fn)
+        module = LossModule(self.model, loss_fn)
         per_client = set(self.frozen_names)
         fixed: dict[str, torch.Tensor] = {
             f"model.{n}": t
