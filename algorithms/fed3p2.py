@@ -83,6 +83,7 @@ from algorithms.grouping import Grouping, group_kl, type_a_grouping, type_b_grou
 from raysim import rng
 from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig, setting
@@ -97,6 +98,7 @@ if TYPE_CHECKING:
     import torch
 
     from raysim.models import SplitModel
+    from raysim.privacy.client_level import Release
     from raysim.toolkit.context import ClientContext
     from raysim.toolkit.train import LossFn, TrainStats
 
@@ -212,6 +214,15 @@ class Fed3p2(Algorithm[Fed3p2State]):
         why_not="its phase-1 chains pass one model from client to client within a round and its phase-2 filters are "
         "averaged per Type-B group, so no round is a weighted average of uploads from one global model."
     )
+    private_release = PrivateRelease(
+        clipped="each coordinator's chain's change of W (sensitivity 2C: one client moves its chain's "
+        "clipped change to another of norm at most C) over the coordinators, each Type-B group's filter "
+        "uploads over its expected sampled members, and the clients' label distributions, released "
+        "once with noise for the groupings; the P-heads never leave their clients",
+        statistics=lambda cfg, params: int(params.coordinators and params.two_phase),
+        not_adaptive="its phase-1 units are chains, not clients, and a chain's clipped count is not the "
+        "quantile estimate of one client's update norm",
+    )
     Config = Fed3p2Config
     has_personal_model = True
     validation = Validation()  # the automatic switch (phase_switch=auto)
@@ -298,6 +309,27 @@ class Fed3p2(Algorithm[Fed3p2State]):
             raise ConfigError("Fed3+2p's automatic phase switch decides the phases; give no phase2_rounds.")
         if params.chain_steps is not None and params.chain_epochs is not None:
             raise ConfigError("Fed3+2p's chain update is chain_epochs or chain_steps, not both.")
+        if cfg.privacy.clip != "none":
+            cls._check_private(params)
+
+    @staticmethod
+    def _check_private(params: Fed3p2Config) -> None:
+        """What client-level DP (:meth:`private_aggregate`) cannot protect or account, refused."""
+        if params.coordinators and params.two_phase and params.chain_sampling != "global":
+            raise ConfigError(
+                f"Under client-level DP Fed3+2p's chains must hold the round's sampled clients "
+                f"(chain_sampling=global), the sampling the accountant models, not {params.chain_sampling}."
+            )
+        if params.phase_switch == "auto" and params.two_phase:
+            raise ConfigError(
+                "Fed3+2p's automatic phase switch reads every client's validation accuracy, which client-level "
+                "DP does not release: use phase_switch=fixed."
+            )
+        if params.server_denominator != "round" and params.coordinators:
+            raise ConfigError(
+                "Under client-level DP Fed3+2p weighs each chain's clipped change equally (the clients' data "
+                "sizes are private), so server_denominator does not apply: leave it round."
+            )
 
     @staticmethod
     def phase(state: Fed3p2State, rnd: int) -> int:
@@ -326,19 +358,39 @@ class Fed3p2(Algorithm[Fed3p2State]):
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> Fed3p2State:
         counts = self._label_counts = ctx.clients.label_counts
-        type_a = type_a_grouping(counts, self.params.num_type_a) if self.use_type_a else None
-        type_b = type_b_grouping(counts, self.params.num_type_b) if self.shared_filters else None
+        grouped = self._private_counts(ctx) if ctx.private_rows is not None and self.use_type_a else counts
+        type_a = type_a_grouping(grouped, self.params.num_type_a) if self.use_type_a else None
+        type_b = type_b_grouping(grouped, self.params.num_type_b) if self.shared_filters else None
         groups = len(type_b.groups) if type_b is not None else 0
         gm = ctx.init_weights.select(GLOBAL_PARTS)
+        filters: tuple[ModelWeights | None, ...] = (None,) * groups
+        if ctx.private_rows is not None:  # a private release needs the filters its uploads start from
+            filters = tuple(ctx.fresh_part("filter", f"fed3p2/filter/{g}") for g in range(groups))
         return Fed3p2State(
             0,
             gm,
             type_a,
             type_b,
-            (None,) * groups,
+            filters,
             self.fixed_t1,
             data_size=int(sum(ctx.clients.train_sizes)),
         )
+
+    @staticmethod
+    def _private_counts(ctx: ServerContext) -> Any:
+        """Under client-level DP, what the groupings read instead of the clients' label counts: each
+        client's label distribution released once with noise (``ServerContext.private_rows``),
+        negative entries cut to 0, as one client's weight of counts (the data sizes are private too);
+        a client whose noised row has nothing left counts as uniform."""
+        import numpy as np
+
+        counts = ctx.clients.label_counts.astype(np.float64)
+        dist = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        assert ctx.private_rows is not None
+        noised = np.maximum(ctx.private_rows("fed3p2/labels", dist), 0.0)
+        total = noised.sum(axis=1, keepdims=True)
+        uniform = np.full_like(noised, 1.0 / noised.shape[1])
+        return np.where(total > 0, noised / np.where(total > 0, total, 1.0), uniform)
 
     def plan(self, state: Fed3p2State, rnd: int, sampled: Sequence[int]) -> list[Job]:
         lr = self.phase_lr(state, rnd)
@@ -394,12 +446,50 @@ class Fed3p2(Algorithm[Fed3p2State]):
         nxt = super().continue_chain(payload, prev)
         return dataclasses.replace(nxt, momentum=prev.extra) if isinstance(nxt, ChainPayload) else nxt
 
+    def _logged_kl(self, state: Fed3p2State, results: Sequence[JobResult]) -> Fed3p2State:
+        """``state`` with the round's chain_kl and round_kl (a measurement for the log: the
+        algorithm never reads them)."""
+        chains = [jr.job.clients for jr in results]
+        if not chains:
+            return state
+        kl = group_kl(self._label_counts, chains)
+        union = group_kl(self._label_counts, [tuple(c for ch in chains for c in ch)])
+        return dataclasses.replace(state, chain_kl=float(kl.mean()), round_kl=float(union[0]))
+
+    def private_aggregate(
+        self, state: Fed3p2State, rnd: int, results: Sequence[JobResult], release: Release
+    ) -> Fed3p2State:
+        """The round under client-level DP (docs/algorithms.md, "Privacy"), every unit released even
+        where none of its clients trained. Phase 1: each coordinator's chain is one unit, its change
+        W^c - W(t) clipped to C; a client reaches only its coordinator's chain, but moves that
+        chain's clipped change to another vector of norm at most C, so the unit's sensitivity is 2C;
+        the chains' sum is divided by the number of coordinators (each chain weighs the same: Eq. 4's
+        |D^c| / |D| would read the clients' private data sizes). Without coordinators, each client's
+        upload is a unit, over the expected cohort (DP-FedAvg). Phase 2: each Type-B group's filter
+        is a unit of its members' uploads over the group's expected sampled members (Eq. 11 with a
+        fixed denominator), from the group's filter as sent; the P-heads stay on their clients."""
+        finals = [jr.final.weights for jr in results if jr.final.weights is not None]
+        if self.phase(state, rnd) == 1:
+            state = self._logged_kl(state, results)
+            if state.type_a is not None:
+                gm = release.noised_mean(0, state.gm, finals, float(len(state.type_a.groups)), sensitivity=2.0)
+            else:
+                gm = release.noised_mean(0, state.gm, finals, release.expected(len(self.cfg.training_clients)))
+            return dataclasses.replace(state, rnd=rnd, gm=gm)
+        if state.type_b is None:  # personal filters: nothing leaves a client
+            return dataclasses.replace(state, rnd=rnd)
+        group_of = state.type_b.assignment
+        filters = []
+        for g, members in enumerate(state.type_b.groups):
+            base = state.group_filters[g]
+            assert base is not None, "init gives each group its fresh filter under client-level DP"
+            mine = [jr.final.weights for jr in results if group_of[jr.final.client] == g and jr.final.weights is not None]
+            filters.append(release.noised_mean(1 + g, base, mine, release.expected(len(members))))
+        return dataclasses.replace(state, rnd=rnd, group_filters=tuple(filters))
+
     def aggregate(self, state: Fed3p2State, rnd: int, results: Sequence[JobResult]) -> Fed3p2State:
         if self.phase(state, rnd) == 1:
-            chains = [jr.job.clients for jr in results]
-            kl = group_kl(self._label_counts, chains)
-            union = group_kl(self._label_counts, [tuple(c for ch in chains for c in ch)])
-            state = dataclasses.replace(state, chain_kl=float(kl.mean()), round_kl=float(union[0]))
+            state = self._logged_kl(state, results)
             finals = [jr.final.weights for jr in results]
             assert all(w is not None for w in finals)
             if state.type_a is not None:

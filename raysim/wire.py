@@ -121,6 +121,10 @@ class ServerContext:
     init_weights: ModelWeights  # every part of the seeded initial model
     #: the algorithm's ``adapt_model`` (the model as it uses it; None: as registered)
     adapt: Callable[[SplitModel], SplitModel] | None = None
+    #: under client-level DP, the only way an algorithm's init may read a statistic of every client
+    #: (each row one client's, released with noise and accounted: ``ClientLevel.noised_rows``,
+    #: called with a purpose and the rows); None without client-level DP
+    private_rows: Callable[[str, np.ndarray], np.ndarray] | None = None
 
     def build_model(self) -> SplitModel:
         """The model, with the clients' seeded initial weights, for algorithms that train a part on
@@ -139,6 +143,23 @@ class ServerContext:
         )
         set_weights(model, self.init_weights)
         return model
+
+    def fresh_part(self, part: str, purpose: str) -> ModelWeights:
+        """Part ``part`` of a model freshly initialised from (seed, ``purpose``): the values a client
+        worker's ``ClientContext.fresh`` gives (a Type-B group's new filter), for a server that must
+        know what its clients start from. Imports PyTorch."""
+        from raysim import rng
+        from raysim.models import build_model, get_weights
+
+        model = build_model(
+            self.cfg.model,
+            self.clients.input_shape,
+            self.clients.num_classes,
+            rng.int_seed(self.cfg.seed, purpose),
+            self.adapt,
+            self.cfg.train.channels_last,
+        )
+        return get_weights(model, (part,))
 
 
 @dataclass(frozen=True)

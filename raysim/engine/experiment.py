@@ -181,14 +181,16 @@ def validate(cfg: ExperimentConfig) -> Experiment:
     if cfg.deployment.mode == "async" and not Asynchronous.of(cls).possible:
         raise ConfigError(f"{cfg.algo} cannot aggregate asynchronously (deployment.mode=async): {Asynchronous.of(cls).why_not}")
     if cfg.privacy.clip != "none" or cfg.privacy.example_clip is not None:
-        from raysim.engine.private import check_client_level, check_sample_level
+        from raysim.engine.private import check_client_level, check_sample_level, released_statistics
         from raysim.privacy.accounting import check_privacy
         from raysim.privacy.client_level import calibrated
 
-        check_privacy(cfg)
+        statistics = released_statistics(cfg, cls, exp.params)
+        check_privacy(cfg, statistics)
         check_client_level(cfg, cls)
         check_sample_level(cfg, cls)
-        exp = dataclasses.replace(exp, cfg=calibrated(exp.cfg))  # client-level sigma calibrated once, before any work
+        # client-level sigma calibrated once, before any work
+        exp = dataclasses.replace(exp, cfg=calibrated(exp.cfg, statistics))
     if cfg.train.batch_clients > 1:
         batching = Batching.of(cls)
         if not batching.possible:

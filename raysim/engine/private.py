@@ -10,18 +10,36 @@ from typing import Any
 
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.presum import Presum
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.config import ExperimentConfig
 from raysim.errors import ConfigError
 from raysim.privacy import client_level, dp_sgd
 
 
-def eligible(algorithm: Any) -> bool:
+def averages(algorithm: Any) -> bool:
     """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every upload
     of shared weights: declared with :class:`~raysim.capabilities.presum.Presum` on the class whose
     ``aggregate`` it uses; then client-level DP's noised mean is a private release of its round."""
     klass = algorithm if isinstance(algorithm, type) else type(algorithm)
     found = Presum.of(klass)
     return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+
+
+def eligible(algorithm: Any) -> bool:
+    """Whether client-level DP can protect ``algorithm`` (class or object): its aggregate averages
+    the uploads (:func:`averages`), or it makes its own release
+    (:class:`~raysim.capabilities.private_release.PrivateRelease`)."""
+    return averages(algorithm) or PrivateRelease.of(algorithm).declared
+
+
+def released_statistics(cfg: ExperimentConfig, algorithm: Any, params: Any = None) -> int:
+    """How many releases of per-client statistics ``algorithm`` (class with ``params``, or object)
+    makes before round 1 under client-level DP (0 without it)."""
+    if not client_level.on(cfg):
+        return 0
+    if params is None and not isinstance(algorithm, type):
+        params = algorithm.params
+    return PrivateRelease.of(algorithm).released_statistics(cfg, params)
 
 
 def check_client_level(cfg: ExperimentConfig, algorithm: Any) -> None:
@@ -35,6 +53,9 @@ def check_client_level(cfg: ExperimentConfig, algorithm: Any) -> None:
             f"{cfg.algo} cannot run under client-level DP (privacy.clip): its server does more with the "
             "clients' uploads than average them, so no clip bounds what one client changes."
         )
+    own = PrivateRelease.of(algorithm)
+    if own.declared and own.not_adaptive is not None and cfg.privacy.clip.startswith("adaptive"):
+        raise ConfigError(f"{cfg.algo} cannot adapt its clip (privacy.clip={cfg.privacy.clip}): {own.not_adaptive}; give a number.")
     d = cfg.deployment
     if d.mode == "async":
         raise ConfigError(
@@ -77,7 +98,11 @@ def check_sample_level(cfg: ExperimentConfig, algorithm: Any) -> None:
 
 
 def privacy_summary(
-    cfg: ExperimentConfig, algorithm: Any, rounds_done: int, rows: Sequence[dict[str, Any]] = ()
+    cfg: ExperimentConfig,
+    algorithm: Any,
+    rounds_done: int,
+    rows: Sequence[dict[str, Any]] = (),
+    params: Any = None,
 ) -> dict[str, Any]:
     """summary.json's privacy fields: under client-level DP the epsilon spent over its
     ``rounds_done`` rounds at its delta (0 for an algorithm that uploads nothing, Local), the noise
@@ -92,12 +117,13 @@ def privacy_summary(
             "example_noise_multiplier": cfg.privacy.example_noise_multiplier,
             "per_example": cfg.privacy.per_example,
         }
-    private = client_level.private_rounds(cfg)
-    if private is None:
+    if not client_level.on(cfg):
         return out
+    private = client_level.private_rounds(cfg, released_statistics(cfg, algorithm, params))
+    assert private is not None
     p = private.cfg.privacy
     accounting = private.accountant().describe()
-    uploads = bool(getattr(algorithm, "shared_parts", ()))
+    uploads = bool(getattr(algorithm, "shared_parts", ())) or PrivateRelease.of(algorithm).declared
     return {
         **out,
         "epsilon": private.epsilon(rounds_done) if uploads else 0.0,
@@ -109,4 +135,11 @@ def privacy_summary(
     }
 
 
-__all__ = ["check_client_level", "check_sample_level", "eligible", "privacy_summary"]
+__all__ = [
+    "averages",
+    "check_client_level",
+    "check_sample_level",
+    "eligible",
+    "privacy_summary",
+    "released_statistics",
+]

@@ -292,7 +292,7 @@ def run_experiment(
         last=history.last(exp.cfg.eval.last_k), last_k=exp.cfg.eval.last_k, totals=loop.totals,
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
-        privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows),
+        privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows, exp.params),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

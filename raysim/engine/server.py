@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysim.capabilities.asynchronous import Asynchronous, Staleness
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
 from raysim.config import ExperimentConfig, evaluation_due
@@ -25,6 +26,7 @@ from raysim.engine.buffered import Buffer, Saved, SyncClock
 from raysim.engine.evaluation import Evaluation
 from raysim.engine.experiment import make_algorithm
 from raysim.engine.hooks import AlgorithmHooks
+from raysim.engine.private import released_statistics
 from raysim.privacy.client_level import PrivateState, private_rounds
 from raysim.privacy.sample_level import ExampleAccount
 from raysim.privacy.sample_level import on as example_level
@@ -94,8 +96,15 @@ class ServerHost:
     ) -> None:
         self.cfg = cfg
         self.algo = algorithm if algorithm is not None else make_algorithm(cfg)
+        #: client-level DP (privacy.clip): each round's uploads released as one noised mean, or
+        #: through the algorithm's own release (PrivateRelease), after its statistics' release
+        self.private = private_rounds(cfg, released_statistics(cfg, self.algo))
+        self.own_release = self.private is not None and PrivateRelease.of(self.algo).declared
         self.state = self.algo.init(
-            ServerContext(cfg=cfg, clients=stats, init_weights=init_weights, adapt=self.algo.adapt_model)
+            ServerContext(
+                cfg=cfg, clients=stats, init_weights=init_weights, adapt=self.algo.adapt_model,
+                private_rows=self.private.noised_rows if self.private is not None else None,
+            )  # fmt: skip
         )
         #: the simulated deployment: who is sampled, lost clients left out of the plan, late
         #: updates out of the aggregate, and the run's one clock
@@ -117,8 +126,6 @@ class ServerHost:
         self.staleness = Staleness.parse(d.staleness)
         self._round: AsyncRound | None = None
         self._commits: dict[int, Any] = {}
-        #: client-level DP (privacy.clip): each round's uploads released as one noised mean
-        self.private = private_rounds(cfg)
         #: sample-level DP (privacy.example_clip): each client's DP-SGD steps, accounted per client
         self.examples = ExampleAccount(cfg, self.train_sizes) if example_level(cfg) else None
         self.private_state: PrivateState | None = (
@@ -190,9 +197,12 @@ class ServerHost:
             lost = [Arrival(c, self._nominal(c), dropped=True) for c in self._lost]
             closed = self.deployment.close(rnd, results, self.deadline_s, start_s=start, lost=lost)
             late_until, offline = closed.late_until, closed.offline
-        kept, private_log = self._released(rnd, closed.kept)
-        if kept:
-            self.state = self.algo.aggregate(self.state, rnd, kept)
+        if self.own_release and 1 <= rnd <= self.cfg.rounds:
+            private_log = self._own_release(rnd, closed.kept)
+        else:
+            kept, private_log = self._released(rnd, closed.kept)
+            if kept:
+                self.state = self.algo.aggregate(self.state, rnd, kept)
         if self.clock is not None:
             end = start + closed.duration_s
             busy = {c: u for c, u in self.clock.busy if u > end}
@@ -228,6 +238,16 @@ class ServerHost:
         self.private_state = release.state
         spent = (("epsilon", self.private.epsilon(rnd)),) if self._reported(rnd) else ()
         return release.results, (*release.scalars, *spent)
+
+    def _own_release(self, rnd: int, kept: Sequence[JobResult]) -> tuple[tuple[str, float], ...]:
+        """Client-level DP for an algorithm that makes its own release: its ``private_aggregate``
+        reads the round's uploads (even where none arrived: its units' noise is released all the
+        same) only through the round's :class:`raysim.privacy.client_level.Release`."""
+        assert self.private is not None and self.private_state is not None
+        release = self.private.release(rnd, self.private_state)
+        self.state = self.algo.private_aggregate(self.state, rnd, kept, release)  # type: ignore[attr-defined]
+        spent = (("epsilon", self.private.epsilon(rnd)),) if self._reported(rnd) else ()
+        return (*release.scalars, *spent)
 
     def _reported(self, rnd: int) -> bool:
         """Whether round ``rnd``'s row is written, so its epsilon is asked for (an accountant's

@@ -37,6 +37,7 @@ This module imports dp-accounting (numpy, scipy) only inside its functions, and 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -228,18 +229,43 @@ def _check_delta(delta: float) -> None:
         raise ConfigError(f"privacy.delta is between 0 and 1, not {delta!r}.")
 
 
-def _epsilon(
-    sigma: float, sampling: str, num_clients: int, cohort: float, rounds: int, delta: float, accountant: str
-) -> float:
-    """epsilon after ``rounds`` rounds, unrounded."""
+def statistics_event(noise_multiplier: float, sampling: str) -> dp_accounting.DpEvent:
+    """One release of a statistic of every client before round 1 (an algorithm's, e.g. Fed3+2p's
+    label distributions for its grouping), each client's row of L2 norm at most 1 with Gaussian
+    noise of standard deviation sigma, as a dp-accounting event: ``GaussianDpEvent(sigma)``, not
+    subsampled (every client's row is released). Under add/remove one client, the client's row
+    against a null client's (a row of zeros): sensitivity 1. Under replace one client (a fixed
+    cohort's relation), sensitivity 2 as for a round (:func:`round_event`), so the event carries
+    sigma / 2 (two rows of norm at most 1 differ by at most 2: a bound, never below the truth)."""
     import dp_accounting
 
-    if rounds == 0:
+    return dp_accounting.GaussianDpEvent(float(noise_multiplier) / (2 if sampling == "fixed" else 1))
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of its settings (calibration and checks repeat them)
+def _epsilon(
+    sigma: float,
+    sampling: str,
+    num_clients: int,
+    cohort: float,
+    rounds: int,
+    delta: float,
+    accountant: str,
+    statistics: int = 0,
+) -> float:
+    """epsilon after ``rounds`` rounds and ``statistics`` releases of per-client statistics before
+    them (:func:`statistics_event`), unrounded."""
+    import dp_accounting
+
+    if rounds == 0 and statistics == 0:
         return 0.0
     if sigma == 0:
         return math.inf
     acc = _accountant(accountant, sampling)
-    acc.compose(dp_accounting.SelfComposedDpEvent(round_event(sigma, sampling, num_clients, cohort), rounds))
+    if statistics:
+        acc.compose(dp_accounting.SelfComposedDpEvent(statistics_event(sigma, sampling), statistics))
+    if rounds:
+        acc.compose(dp_accounting.SelfComposedDpEvent(round_event(sigma, sampling, num_clients, cohort), rounds))
     return float(acc.get_epsilon(delta))
 
 
@@ -271,6 +297,7 @@ def dp_sgd_epsilon(
     return _round_up(float(acc.get_epsilon(delta)))
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its settings: a suite's trials share a few
 def calibrate_noise(
     target_epsilon: float,
     delta: float,
@@ -279,9 +306,11 @@ def calibrate_noise(
     num_clients: int,
     cohort: float,
     accountant: str = "pld",
+    statistics: int = 0,
 ) -> float:
     """The smallest noise multiplier sigma (to a relative 1e-3, never below ``SIGMA_MIN``) whose
-    ``rounds`` rounds spend at most ``target_epsilon`` at ``delta``.
+    ``rounds`` rounds (after ``statistics`` releases of per-client statistics,
+    :func:`statistics_event`) spend at most ``target_epsilon`` at ``delta``.
 
     A target not met even by sigma = ``SIGMA_MAX`` is refused before the search. The search brackets
     sigma by doubling or halving from 1, then bisects geometrically; epsilon falls as sigma grows, so
@@ -296,7 +325,7 @@ def calibrate_noise(
         raise ConfigError(f"Calibration needs at least one round, not {rounds!r}.")
 
     def spends(sigma: float) -> float:
-        return _round_up(_epsilon(sigma, sampling, num_clients, cohort, rounds, delta, accountant))
+        return _round_up(_epsilon(sigma, sampling, num_clients, cohort, rounds, delta, accountant, statistics))
 
     if spends(SIGMA_MAX) > target_epsilon:
         raise ConfigError(
@@ -340,6 +369,8 @@ class Accountant:
     clip: ClipSpec = field(default_factory=lambda: ClipSpec("fixed", norm=1.0))
     count_noise_multiplier: float | None = None
     calibrated_for: float | None = None
+    #: releases of per-client statistics before round 1 (:func:`statistics_event`), the algorithm's
+    statistics: int = 0
     _cache: dict[tuple[int, float], float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -356,11 +387,14 @@ class Accountant:
             adaptive_noise(self.noise_multiplier, self.count_noise_multiplier)
 
     @classmethod
-    def of(cls, privacy: PrivacyConfig, num_clients: int, cohort: float, rounds: int) -> Accountant:
+    def of(
+        cls, privacy: PrivacyConfig, num_clients: int, cohort: float, rounds: int, statistics: int = 0
+    ) -> Accountant:
         """The accountant of a run with these ``privacy.*`` settings, ``num_clients`` clients to
         sample from and ``cohort`` clients a round (K for ``fixed``; the expected q N for
-        ``poisson``); sigma is calibrated for ``rounds`` rounds when only ``target_epsilon`` is
-        given. Client-level DP must be on (``privacy.clip``)."""
+        ``poisson``), and ``statistics`` releases of per-client statistics before round 1; sigma is
+        calibrated for ``rounds`` rounds when only ``target_epsilon`` is given. Client-level DP must
+        be on (``privacy.clip``)."""
         clip = parse_clip(privacy.clip)
         if not clip.on:
             raise ConfigError("Client-level accounting needs privacy.clip, which is none.")
@@ -377,6 +411,7 @@ class Accountant:
                 num_clients,
                 cohort,
                 privacy.accountant,
+                statistics,
             )
         return cls(
             noise_multiplier=float(sigma),
@@ -388,15 +423,17 @@ class Accountant:
             clip=clip,
             count_noise_multiplier=privacy.count_noise_multiplier,
             calibrated_for=privacy.target_epsilon if privacy.noise_multiplier is None else None,
+            statistics=statistics,
         )
 
     @classmethod
-    def for_experiment(cls, cfg: ExperimentConfig) -> Accountant:
+    def for_experiment(cls, cfg: ExperimentConfig, statistics: int = 0) -> Accountant:
         """:meth:`of` for a whole config: the clients that may be sampled
         (``cfg.training_clients``), K = ``cfg.clients_per_round`` for ``fixed`` or the expected
-        ``participation`` times their number for ``poisson``, and ``cfg.rounds``."""
+        ``participation`` times their number for ``poisson``, and ``cfg.rounds``; ``statistics``
+        the algorithm's releases before round 1."""
         n, cohort = population(cfg)
-        return cls.of(cfg.privacy, n, cohort, cfg.rounds)
+        return cls.of(cfg.privacy, n, cohort, cfg.rounds, statistics)
 
     @property
     def used_accountant(self) -> str:
@@ -412,8 +449,9 @@ class Accountant:
         return self.noise_multiplier
 
     def epsilon(self, rounds_done: int, delta: float | None = None) -> float:
-        """epsilon spent after ``rounds_done`` rounds at ``delta`` (the run's delta when None): 0
-        after no round, inf with no noise."""
+        """epsilon spent after ``rounds_done`` rounds at ``delta`` (the run's delta when None), the
+        statistics released before round 1 included: 0 after no round where there are none, inf
+        with no noise."""
         d = self.delta if delta is None else delta
         assert d is not None
         _check_delta(d)
@@ -429,6 +467,7 @@ class Accountant:
                 key[0],
                 key[1],
                 self.used_accountant,
+                self.statistics,
             )
             self._cache[key] = _round_up(eps)
         return self._cache[key]
@@ -454,6 +493,8 @@ class Accountant:
             out["q"] = self.cohort / self.num_clients
         if self.calibrated_for is not None:
             out["calibrated_for_epsilon"] = self.calibrated_for
+        if self.statistics:
+            out["statistics_releases"] = self.statistics
         if self.clip.kind == "adaptive":
             out["count_noise_multiplier"] = self.count_noise_multiplier
             out["update_noise_multiplier"] = self.update_noise_multiplier
@@ -473,9 +514,10 @@ def population(cfg: ExperimentConfig) -> tuple[int, float]:
     return n, cfg.clients_per_round
 
 
-def check_privacy(cfg: ExperimentConfig) -> None:
+def check_privacy(cfg: ExperimentConfig, statistics: int = 0) -> None:
     """Refuse, in one sentence each and before any work, every ``privacy.*`` combination that cannot
-    mean what it says (single values' ranges are checked when the config is built)."""
+    mean what it says (single values' ranges are checked when the config is built); ``statistics``:
+    the algorithm's releases of per-client statistics before round 1."""
     from raysim.config import PrivacyConfig
 
     p = cfg.privacy
@@ -537,7 +579,7 @@ def check_privacy(cfg: ExperimentConfig) -> None:
     if p.target_epsilon is not None:
         delta = p.delta if p.delta is not None else default_delta(n)
         if (
-            _round_up(_epsilon(SIGMA_MAX, p.sampling, n, cohort, cfg.rounds, delta, p.accountant))
+            _round_up(_epsilon(SIGMA_MAX, p.sampling, n, cohort, cfg.rounds, delta, p.accountant, statistics))
             > p.target_epsilon
         ):
             raise ConfigError(

@@ -78,22 +78,24 @@ def on(cfg: ExperimentConfig) -> bool:
     return cfg.privacy.clip != "none"
 
 
-def private_rounds(cfg: ExperimentConfig) -> ClientLevel | None:
+def private_rounds(cfg: ExperimentConfig, statistics: int = 0) -> ClientLevel | None:
     """The run's client-level DP (None where ``privacy.clip`` is none), with the noise multiplier
     the config gives (the driver calibrated it from ``privacy.target_epsilon`` before any work,
-    :func:`calibrated`)."""
+    :func:`calibrated`); ``statistics``: the algorithm's releases of per-client statistics before
+    round 1 (:class:`raysim.capabilities.private_release.PrivateRelease`)."""
     if not on(cfg):
         return None
-    cfg = calibrated(cfg)  # (as the driver did: a config it checked carries its sigma and delta)
+    cfg = calibrated(cfg, statistics)  # (as the driver did: a config it checked carries its sigma and delta)
     sigma = cfg.privacy.noise_multiplier
     assert sigma is not None, "check_privacy refuses client-level DP without a sigma or a target epsilon"
-    return ClientLevel(cfg, sigma)
+    return ClientLevel(cfg, sigma, statistics)
 
 
-def calibrated(cfg: ExperimentConfig) -> ExperimentConfig:
+def calibrated(cfg: ExperimentConfig, statistics: int = 0) -> ExperimentConfig:
     """``cfg`` with ``privacy.noise_multiplier`` set where it is calibrated from
-    ``privacy.target_epsilon`` (at ``privacy.delta``, over the run's rounds), and ``privacy.delta``
-    set to its default 1 / N^1.1 where it is not given: what every process of the run reads."""
+    ``privacy.target_epsilon`` (at ``privacy.delta``, over the run's rounds and the algorithm's
+    ``statistics`` releases before them), and ``privacy.delta`` set to its default 1 / N^1.1 where
+    it is not given: what every process of the run reads."""
     from raysim.privacy.accounting import calibrate_noise, default_delta, population
 
     p = cfg.privacy
@@ -103,14 +105,44 @@ def calibrated(cfg: ExperimentConfig) -> ExperimentConfig:
     delta = p.delta if p.delta is not None else default_delta(n)
     sigma = p.noise_multiplier
     if sigma is None and p.target_epsilon is not None:
-        sigma = calibrate_noise(p.target_epsilon, delta, cfg.rounds, p.sampling, n, cohort, p.accountant)
+        sigma = calibrate_noise(p.target_epsilon, delta, cfg.rounds, p.sampling, n, cohort, p.accountant, statistics)
     return replace(cfg, privacy=replace(p, delta=delta, noise_multiplier=sigma))
+
+
+def noised_mean(
+    g: np.random.Generator,
+    base: ModelWeights,
+    uploads: Sequence[ModelWeights],
+    clip: float,
+    sd: float,
+    denominator: float,
+) -> tuple[ModelWeights, int]:
+    """base + (sum_k clip(u_k - base) + N(0, sd^2)) / denominator over ``base``'s parts, and how many
+    of the changes were within ``clip``: each change's norm over all the parts at once, the sum in
+    float64 in the uploads' order, the noise drawn from ``g`` part by part in the weights' order (the
+    same draws on every executor)."""
+    names = base.part_names
+    total = {n: np.zeros(base.part(n).size, np.float64) for n in names}
+    unclipped = 0
+    for up in uploads:
+        delta = {n: up.part(n).astype(np.float64) - base.part(n) for n in names}
+        # (einsum, not np.dot: OpenBLAS's threads made each dot product 400 times slower on a busy CPU)
+        norm = math.sqrt(sum(float(np.einsum("i,i->", d, d)) for d in delta.values()))
+        unclipped += norm <= clip
+        scale = min(1.0, clip / norm) if norm > 0 else 1.0
+        for n in names:
+            total[n] += scale * delta[n]
+    mean = {}
+    for n in names:
+        noise = g.normal(0.0, sd, total[n].size) if sd > 0 else 0.0
+        mean[n] = (base.part(n) + (total[n] + noise) / denominator).astype(np.float32)
+    return ModelWeights(**mean), unclipped
 
 
 class ClientLevel:
     """Client-level DP for one run: its clip, noise multipliers and expected cohort."""
 
-    def __init__(self, cfg: ExperimentConfig, noise_multiplier: float) -> None:
+    def __init__(self, cfg: ExperimentConfig, noise_multiplier: float, statistics: int = 0) -> None:
         from raysim.privacy.accounting import adaptive_noise, default_count_noise, parse_clip
 
         self.cfg = cfg
@@ -130,6 +162,8 @@ class ClientLevel:
         self.update_noise = (
             adaptive_noise(noise_multiplier, self.count_noise) if self.kind == "adaptive" and noise_multiplier > 0 else noise_multiplier
         )
+        #: the algorithm's releases of per-client statistics before round 1 (:meth:`noised_rows`)
+        self.statistics = statistics
         self.initial = PrivateState(p.clip_init if self.kind == "adaptive" else float(clip.norm or 0.0))
         self._accountant: Any = None
 
@@ -138,7 +172,7 @@ class ClientLevel:
         if self._accountant is None:
             from raysim.privacy.accounting import Accountant
 
-            self._accountant = Accountant.for_experiment(self.cfg)
+            self._accountant = Accountant.for_experiment(self.cfg, self.statistics)
         return self._accountant
 
     def epsilon(self, rounds: int) -> float:
@@ -153,27 +187,13 @@ class ClientLevel:
         ``base``, the shared weights the clients received; the clip's next value; the round's log
         (the clip, the share of updates clipped)."""
         clip = state.clip
-        names = base.part_names
-        total = {n: np.zeros(base.part(n).size, np.float64) for n in names}
-        unclipped = 0
+        uploads = []
         for jr in results:
-            up = jr.final.weights
-            if up is None:
+            if jr.final.weights is None:
                 raise ValueError("client-level DP reads every client's upload of shared weights")
-            delta = {n: up.part(n).astype(np.float64) - base.part(n) for n in names}
-            # (einsum, not np.dot: OpenBLAS's threads made each dot product 400 times slower on a busy CPU)
-            norm = math.sqrt(sum(float(np.einsum("i,i->", d, d)) for d in delta.values()))
-            unclipped += norm <= clip
-            scale = min(1.0, clip / norm) if norm > 0 else 1.0
-            for n in names:
-                total[n] += scale * delta[n]
+            uploads.append(jr.final.weights)
         g = rng.generator(self.cfg.seed, "privacy/noise", rnd)
-        sd = self.update_noise * clip
-        mean = {}
-        for n in names:  # part by part, in the weights' order: the same draws on every executor
-            noise = g.normal(0.0, sd, total[n].size) if sd > 0 else 0.0
-            mean[n] = (base.part(n) + (total[n] + noise) / self.cohort).astype(np.float32)
-        released = ModelWeights(**mean)
+        released, unclipped = noised_mean(g, base, uploads, clip, self.update_noise * clip, self.cohort)
         nxt = state
         if self.kind == "adaptive":
             assert self.quantile is not None
@@ -183,13 +203,85 @@ class ClientLevel:
         scalars = (("privacy_clip", float(clip)), ("privacy_unclipped", unclipped / max(len(results), 1)))
         return RoundRelease((JobResult(Job((-1,), None), (one,)),), nxt, scalars)
 
+    def release(self, rnd: int, state: PrivateState) -> Release:
+        """Round ``rnd``'s release for an algorithm that makes its own (its units and their
+        denominators: :class:`Release`), at the fixed clip ``state`` holds."""
+        return Release(self, rnd, state.clip)
+
+    def noised_rows(self, purpose: str, rows: np.ndarray) -> np.ndarray:
+        """A statistic of every client released once before round 1 (one of the algorithm's
+        ``statistics``, accounted by :func:`raysim.privacy.accounting.statistics_event`): each
+        client's row scaled to L2 norm at most 1, plus Gaussian noise N(0, sigma^2) per entry drawn
+        from the keyed stream (seed, "privacy/statistics/" + ``purpose``)."""
+        x = np.asarray(rows, np.float64)
+        norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+        x = x / np.maximum(norms, 1.0)[:, None]
+        g = rng.generator(self.cfg.seed, f"privacy/statistics/{purpose}")
+        return x + g.normal(0.0, self.noise_multiplier, x.shape) if self.noise_multiplier > 0 else x
+
+
+class Release:
+    """One round's client-level DP release for an algorithm whose server does more than average the
+    uploads (it declares :class:`raysim.capabilities.private_release.PrivateRelease`): it hands the
+    release each of its *units*, a set of uploads that one client's data reaches at most one of
+    (a Type-B group's filters; a Fed3+2p chain, whose one model every client of the chain trained),
+    and takes back the unit's noised mean (:func:`noised_mean`). Each unit's upload is clipped to C;
+    the noise on each unit's sum is N(0, (sigma s C)^2) with s the unit's ``sensitivity``: the most one
+    client's joining or leaving moves the clipped sum, over C (1 where each upload is one client's;
+    2 for a chain, whose clipped change without the client is another vector of norm at most C).
+    As one client reaches one unit, the round is one Gaussian mechanism of noise multiplier sigma,
+    accounted as a round of DP-FedAvg (:func:`raysim.privacy.accounting.round_event`)."""
+
+    def __init__(self, level: ClientLevel, rnd: int, clip: float) -> None:
+        self.level = level
+        self.rnd = rnd
+        self.clip = clip
+        self.units = 0
+        self.unclipped = 0
+
+    def expected(self, members: int) -> float:
+        """The expected number of a unit's ``members`` clients that a round samples: q times them
+        under Poisson sampling, K / N times them for a fixed cohort of K of N."""
+        from raysim.privacy.accounting import population
+
+        n, cohort = population(self.level.cfg)
+        return cohort * members / n
+
+    def noised_mean(
+        self,
+        key: int,
+        base: ModelWeights,
+        uploads: Sequence[ModelWeights],
+        denominator: float,
+        sensitivity: float = 1.0,
+    ) -> ModelWeights:
+        """Unit ``key``'s release over ``base`` (what its uploads started from): base + (the sum of
+        their changes, each clipped to C, + N(0, (sigma ``sensitivity`` C)^2)) / ``denominator``, the
+        expected size of the unit (fixed: never the number that arrived), with noise from the keyed
+        stream (seed, "privacy/noise", round, ``key``). Released even where ``uploads`` is empty."""
+        if denominator <= 0:
+            raise ValueError(f"a unit's denominator is positive, not {denominator}")
+        g = rng.generator(self.level.cfg.seed, "privacy/noise", self.rnd, key)
+        sd = self.level.update_noise * self.clip * sensitivity
+        out, unclipped = noised_mean(g, base, uploads, self.clip, sd, denominator)
+        self.units += len(uploads)
+        self.unclipped += unclipped
+        return out
+
+    @property
+    def scalars(self) -> tuple[tuple[str, float], ...]:
+        """The round's log: the clip and the share of the units' uploads within it."""
+        return (("privacy_clip", float(self.clip)), ("privacy_unclipped", self.unclipped / max(self.units, 1)))
+
 
 __all__ = [
     "ClientLevel",
     "PrivateState",
+    "Release",
     "RoundRelease",
     "calibrated",
     "expected_cohort",
+    "noised_mean",
     "on",
     "private_rounds",
 ]

@@ -17,13 +17,18 @@ from raysim.capabilities.declared import Capability
 from raysim.capabilities.extra_rounds import NO_EXTRA_ROUNDS, ExtraRounds
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.presum import Presum
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.round_log import RoundLog
 from raysim.capabilities.validation import Validation
 from raysim.registry import ALGORITHMS
 
-KINDS = (Batching, ExtraRounds, FineTune, Regularizable, RoundLog, Validation)
-HOOKS: dict[type[Capability], tuple[str, ...]] = {RoundLog: RoundLog.HOOKS, Validation: Validation.HOOKS}
+KINDS = (Batching, ExtraRounds, FineTune, PrivateRelease, Regularizable, RoundLog, Validation)
+HOOKS: dict[type[Capability], tuple[str, ...]] = {
+    PrivateRelease: PrivateRelease.HOOKS,
+    RoundLog: RoundLog.HOOKS,
+    Validation: Validation.HOOKS,
+}
 
 
 def test_the_base_declares_no_capability() -> None:
@@ -84,7 +89,7 @@ def test_a_class_defines_a_capabilitys_hooks_exactly_when_it_declares_it(kind: t
             declared.add(name)
         if any(hasattr(cls, h) for h in hooks):
             defines.add(name)
-        if kind is Validation and name in declared:
+        if kind in (Validation, PrivateRelease) and name in declared:
             assert all(hasattr(cls, h) for h in hooks), f"{name} declares validation but lacks a hook"
     assert declared == defines
     assert "fed3p2" in declared
