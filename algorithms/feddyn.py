@@ -10,6 +10,10 @@ a baseline of Fed3+2p's Table 1.
   clients, as Algorithm 1 writes it; N the number of clients).
 - The regulariser is the paper's squared norm (PFLlib's ``clientdyn`` uses the norm itself). The
   terms act on the trainable parameters; buffers (batch-norm statistics) are averaged as FedAvg's.
+- Under client-level DP (docs/usage.md, "Privacy"; :meth:`FedDyn.private_aggregate`) a client's
+  private upload is its change theta_k^t - theta^{t-1}, clipped to C; the noised sum S serves both of
+  the server's steps: h^t = h^{t-1} - alpha S / N and theta^t = theta^{t-1} + S / m - h^t / alpha,
+  m the expected cohort (the mean of the uploads is theta^{t-1} plus their mean change).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from raysim.models import SplitModel
+    from raysim.privacy.client_level import Release
     from raysim.toolkit.context import ClientContext
 
 
@@ -54,6 +60,7 @@ class FedDyn(Algorithm[DynState]):
     )
     Config = FedDynConfig
     finetune = FineTune()  # "-FT" with algo.ft_epochs
+    private_release = PrivateRelease(clipped="each client's change theta_k - theta, whose noised sum makes both server steps")
 
     def init(self, ctx: ServerContext) -> DynState:
         theta = ctx.init_weights.select(GLOBAL_PARTS)
@@ -69,6 +76,16 @@ class FedDyn(Algorithm[DynState]):
         deltas = [subtract(w, state.weights) for w in uploads]  # theta_k - theta^{t-1}
         h = apply_updates(state.h, deltas, [alpha / n] * len(deltas))  # h - alpha/N sum delta
         mean = weighted_mean(uploads, [1.0] * len(uploads))
+        return DynState(apply_updates(mean, [h], [1.0 / alpha]), h)
+
+    def private_aggregate(self, state: DynState, rnd: int, results: Sequence[JobResult], release: Release) -> DynState:
+        """The round under client-level DP: each client's change one unit; from their noised sum S,
+        h <- h - alpha S / N and theta <- theta + S / m - h / alpha (m the expected cohort)."""
+        uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
+        (s,) = release.noised_sums(0, [(subtract(w, state.weights),) for w in uploads], (state.weights,))
+        alpha, n = self.params.alpha, self.cfg.clients
+        h = apply_updates(state.h, [s], [alpha / n])
+        mean = apply_updates(state.weights, [s], [-1.0 / release.expected(len(self.cfg.training_clients))])
         return DynState(apply_updates(mean, [h], [1.0 / alpha]), h)
 
     def evaluation(self, state: DynState) -> Evaluation:

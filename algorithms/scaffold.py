@@ -10,6 +10,10 @@ ICML 2020, Algorithm 1 with option II), a baseline of FedDr+.
   stays right when the local optimiser has momentum or weight decay, as the common setups here do.
 - Server: x <- x + eta_g * mean(Delta y) over the sampled clients, c <- c + (1/N) sum(Delta c)
   (``server_lr`` eta_g = 1). A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
+- Under client-level DP (docs/usage.md, "Privacy"; :meth:`Scaffold.private_aggregate`) a client's
+  private upload is the pair (Delta y, Delta c), clipped to C as one vector; the two noised sums go
+  through the server's two updates with fixed denominators: x <- x + eta_g S_y / m (m the expected
+  cohort, for the mean over the sampled clients), c <- c + S_c / N.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import numpy as np
 from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
+from raysim.capabilities.private_release import PrivateRelease
 from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract
 from raysim.weights import GLOBAL_PARTS, ModelWeights, map_parts
 from raysim.wire import ClientResult, Job, JobResult, ServerContext
 
 if TYPE_CHECKING:
+    from raysim.privacy.client_level import Release
     from raysim.toolkit.context import ClientContext
 
 
@@ -63,6 +69,7 @@ class Scaffold(Algorithm[ScaffoldState]):
     )
     Config = ScaffoldConfig
     finetune = FineTune()  # "-FT" with algo.ft_epochs
+    private_release = PrivateRelease(clipped="each client's (Delta y, Delta c), clipped as one vector")
 
     def init(self, ctx: ServerContext) -> ScaffoldState:
         x = ctx.init_weights.select(GLOBAL_PARTS)
@@ -80,6 +87,20 @@ class Scaffold(Algorithm[ScaffoldState]):
         # apply_updates(w, u, a) = w - sum a u: x + eta_g/|S| sum dy, c + 1/N sum dc
         x = apply_updates(state.weights, dys, [-self.params.server_lr / k] * k)
         c = apply_updates(state.control, dcs, [-1.0 / self.cfg.clients] * k)
+        return ScaffoldState(x, c)
+
+    def private_aggregate(
+        self, state: ScaffoldState, rnd: int, results: Sequence[JobResult], release: Release
+    ) -> ScaffoldState:
+        """The round under client-level DP: each client's (Delta y, Delta c) one unit, clipped as one
+        vector; x <- x + eta_g S_y / m over the expected cohort m (fixed: the unbiased estimate of
+        the mean over the sampled clients), c <- c + S_c / N."""
+        finals = [jr.final for jr in results]
+        ups = [(r.weights, r.extra) for r in finals if r.weights is not None]
+        s_y, s_c = release.noised_sums(0, ups, (state.weights, state.control))
+        m = release.expected(len(self.cfg.training_clients))
+        x = apply_updates(state.weights, [s_y], [-self.params.server_lr / m])
+        c = apply_updates(state.control, [s_c], [-1.0 / self.cfg.clients])
         return ScaffoldState(x, c)
 
     def evaluation(self, state: ScaffoldState) -> Evaluation:

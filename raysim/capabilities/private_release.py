@@ -43,7 +43,7 @@ class PrivateRelease(Capability):
     #: the hooks an algorithm with the capability defines
     HOOKS = ("private_aggregate",)
 
-    #: what is clipped and noised, in words (the refusal and docs/algorithms.md read it)
+    #: what is clipped and noised, in words (summary.json's ``privacy.clipped``)
     clipped: str = ""
     #: how many releases of per-client statistics the algorithm's init makes under these settings
     statistics: Callable[[ExperimentConfig, Any], int] = _none

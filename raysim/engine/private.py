@@ -123,6 +123,9 @@ def privacy_summary(
     assert private is not None
     p = private.cfg.privacy
     accounting = private.accountant().describe()
+    own = PrivateRelease.of(algorithm)
+    if own.declared:
+        accounting["clipped"] = own.clipped
     uploads = bool(getattr(algorithm, "shared_parts", ())) or PrivateRelease.of(algorithm).declared
     return {
         **out,

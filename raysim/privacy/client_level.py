@@ -21,6 +21,10 @@ aggregates, :meth:`ClientLevel.private_round` replaces them with one noised mean
 It applies to an algorithm whose aggregate is exactly the size-weighted mean of every upload (it
 declares :class:`raysim.capabilities.presum.Presum` on the class whose ``aggregate`` it uses): the
 mean is all the server does with the uploads, so the noised mean is a private release of the round.
+An algorithm whose server does more with the uploads, but whose every use of them can be bounded one
+client at a time, makes its own release through :class:`Release` (it declares
+:class:`raysim.capabilities.private_release.PrivateRelease`; Fed3+2p's chains and Type-B groups),
+and reads per-client statistics before round 1 only through :meth:`ClientLevel.noised_rows`.
 Any other algorithm is refused in one sentence (:func:`raysim.engine.private.check_client_level`).
 
 Adaptive clipping: each client also reports whether its update's norm was at most C (b_k), the
@@ -34,7 +38,7 @@ a whole. The clip lives in the server's state (a checkpoint keeps it).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,21 +126,39 @@ def noised_mean(
     float64 in the uploads' order, the noise drawn from ``g`` part by part in the weights' order (the
     same draws on every executor)."""
     names = base.part_names
-    total = {n: np.zeros(base.part(n).size, np.float64) for n in names}
+    changes = [({n: up.part(n).astype(np.float64) - base.part(n) for n in names},) for up in uploads]
+    (total,), unclipped = noised_sum(g, (base,), changes, clip, sd)
+    mean = {n: (base.part(n) + total[n] / denominator).astype(np.float32) for n in names}
+    return ModelWeights(**mean), unclipped
+
+
+def noised_sum(
+    g: np.random.Generator,
+    like: Sequence[ModelWeights],
+    changes: Sequence[Sequence[Mapping[str, np.ndarray]]],
+    clip: float,
+    sd: float,
+) -> tuple[list[dict[str, np.ndarray]], int]:
+    """sum_k clip(x_k) + N(0, sd^2) per coordinate, in float64, and how many x_k were within
+    ``clip``: each upload's change x_k is a tuple of components shaped as ``like``'s (each a part
+    name -> array), clipped as one vector (its L2 norm over every component and part), the sum in
+    the uploads' order, the noise drawn from ``g`` component by component and part by part in their
+    order (the same draws on every executor)."""
+    totals = [{n: np.zeros(w.part(n).size, np.float64) for n in w.part_names} for w in like]
     unclipped = 0
-    for up in uploads:
-        delta = {n: up.part(n).astype(np.float64) - base.part(n) for n in names}
+    for change in changes:
         # (einsum, not np.dot: OpenBLAS's threads made each dot product 400 times slower on a busy CPU)
-        norm = math.sqrt(sum(float(np.einsum("i,i->", d, d)) for d in delta.values()))
+        norm = math.sqrt(sum(float(np.einsum("i,i->", d, d)) for component in change for d in component.values()))
         unclipped += norm <= clip
         scale = min(1.0, clip / norm) if norm > 0 else 1.0
-        for n in names:
-            total[n] += scale * delta[n]
-    mean = {}
-    for n in names:
-        noise = g.normal(0.0, sd, total[n].size) if sd > 0 else 0.0
-        mean[n] = (base.part(n) + (total[n] + noise) / denominator).astype(np.float32)
-    return ModelWeights(**mean), unclipped
+        for total, component in zip(totals, change, strict=True):
+            for n, d in component.items():
+                total[n] += scale * d
+    for total in totals:
+        for n in total:
+            if sd > 0:
+                total[n] = total[n] + g.normal(0.0, sd, total[n].size)
+    return totals, unclipped
 
 
 class ClientLevel:
@@ -268,6 +290,21 @@ class Release:
         self.unclipped += unclipped
         return out
 
+    def noised_sums(
+        self, key: int, uploads: Sequence[Sequence[ModelWeights]], like: Sequence[ModelWeights], sensitivity: float = 1.0
+    ) -> list[ModelWeights]:
+        """Unit ``key``'s release of changes that are uploaded as they are (SCAFFOLD's Delta y and
+        Delta c): each upload a tuple of components shaped as ``like``'s, clipped to C as one
+        vector, summed, + N(0, (sigma ``sensitivity`` C)^2) per coordinate, one sum per component
+        (float32), for the algorithm to scale by its own fixed denominators."""
+        g = rng.generator(self.level.cfg.seed, "privacy/noise", self.rnd, key)
+        sd = self.level.update_noise * self.clip * sensitivity
+        changes = [tuple({n: w.part(n).astype(np.float64) for n in w.part_names} for w in up) for up in uploads]
+        totals, unclipped = noised_sum(g, like, changes, self.clip, sd)
+        self.units += len(uploads)
+        self.unclipped += unclipped
+        return [ModelWeights(**{n: t[n].astype(np.float32) for n in t}) for t in totals]
+
     @property
     def scalars(self) -> tuple[tuple[str, float], ...]:
         """The round's log: the clip and the share of the units' uploads within it."""
@@ -282,6 +319,7 @@ __all__ = [
     "calibrated",
     "expected_cohort",
     "noised_mean",
+    "noised_sum",
     "on",
     "private_rounds",
 ]

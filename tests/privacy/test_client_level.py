@@ -179,7 +179,7 @@ def test_resume_equals_uninterrupted_under_adaptive_clipping(tmp_path):
 @pytest.mark.parametrize(
     ("settings", "words"),
     [
-        ({"algo": "scaffold"}, "scaffold cannot run under client-level DP"),
+        ({"algo": "fedproto"}, "fedproto cannot run under client-level DP"),
         ({"deployment": {"mode": "async"}}, "deployment.mode=async has none"),
         ({"deployment": {"availability": "bernoulli:0.5"}}, "assumes every client can be sampled"),
         ({"deployment": {"policy": "overselect", "overselect": 0.3, "devices": "fixed"}}, "Over-selection"),

@@ -1,7 +1,8 @@
 """An algorithm's own client-level DP release (raysim/capabilities/private_release.py): Fed3+2p's
 chains clipped as units of sensitivity 2C over the coordinators, its Type-B filters over each
 group's expected members, its P-heads untouched, its label distributions released once with noise
-and accounted; the statistics' release against the Gaussian mechanism's exact privacy profile."""
+and accounted; SCAFFOLD's (Delta y, Delta c) clipped as one vector; FedDyn's two server steps from
+one noised sum; the statistics' release against the Gaussian mechanism's exact privacy profile."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def test_the_groupings_read_the_label_distributions_released_with_noise(tmp_path
     assert np.abs(moved - rows).std() > 1.0
     run = run_experiment(tiny_config(tmp_path / "run", **{**SETUP, "rounds": 2, "privacy.noise_multiplier": 1.0}))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["privacy"]["statistics_releases"] == 1
+    assert summary["privacy"]["statistics_releases"] == 1 and "chain" in summary["privacy"]["clipped"]
     plain = {k: v for k, v in SETUP.items() if not k.startswith("algo.")}
     fedavg = Accountant.for_experiment(validate(tiny_config(**{**plain, "algo": "fedavg", "privacy.noise_multiplier": 1.0})).cfg)
     assert run.rows[-1]["epsilon"] > fedavg.epsilon(2)  # the labels' release spends on top of the rounds
@@ -183,3 +184,45 @@ def test_what_fed3p2_cannot_release_privately_is_refused_in_one_sentence(setting
     with pytest.raises(ConfigError, match=words) as err:
         validate(cfg)
     assert str(err.value).count(". ") == 0
+
+
+def _states(tmp_path, algo, **changes):
+    """Round 1 of ``algo`` on clients 0-3 of 8 (a fixed cohort of K = 4), without DP and under
+    client-level DP with sigma = 0 and the given clip: the two servers' states, the results the
+    private one read and its state before the round."""
+    base = {"algo": algo, "clients": 8, "participation": 0.5}
+    plain_cfg = tiny_config(tmp_path / "plain", **base)
+    plain = SerialExecutor(plain_cfg, prepare(plain_cfg))
+    plain.train_round(1, [0, 1, 2, 3])
+    dp = {k: v for k, v in SETUP.items() if not k.startswith("algo.") and k not in ("model", "data.synthetic.shape", "data.partition")}
+    dp_cfg = validate(tiny_config(tmp_path / "dp", **{**dp, **base, **changes})).cfg
+    ex = SerialExecutor(dp_cfg, prepare(dp_cfg))
+    got = _recording(ex)
+    initial = ex.server.state
+    ex.train_round(1, [0, 1, 2, 3])
+    return plain.server.state, ex.server.state, got[0], initial
+
+
+def test_scaffold_clips_delta_y_and_delta_c_as_one_vector(tmp_path):
+    """With a clip no upload reaches and sigma = 0, the private round is SCAFFOLD's own (x by the
+    mean Delta y over K, c by the sum of Delta c over N); with a small clip each client's pair
+    (Delta y, Delta c) is scaled by one factor, C over the pair's norm."""
+    plain, private, _, _ = _states(tmp_path / "wide", "scaffold", **{"privacy.clip": "1e6"})
+    np.testing.assert_allclose(_flat(private.weights), _flat(plain.weights), atol=1e-6)
+    np.testing.assert_allclose(_flat(private.control), _flat(plain.control), atol=1e-6)
+    _, private, results, initial = _states(tmp_path / "tight", "scaffold", **{"privacy.clip": "0.3"})
+    sum_y, sum_c = 0.0, 0.0
+    for jr in results:
+        dy, dc = _flat(jr.final.weights), _flat(jr.final.extra)
+        scale = min(1.0, 0.3 / math.sqrt(dy @ dy + dc @ dc))
+        assert scale < 1.0
+        sum_y, sum_c = sum_y + scale * dy, sum_c + scale * dc
+    np.testing.assert_allclose(_flat(private.weights), _flat(initial.weights) + sum_y / 4, atol=1e-6)
+    np.testing.assert_allclose(_flat(private.control), sum_c / 8, atol=1e-6)  # c starts at zero
+
+
+def test_feddyn_under_dp_takes_both_server_steps_from_one_noised_sum(tmp_path):
+    """sigma = 0 and a clip no change reaches: FedDyn's round, h and theta, as without DP."""
+    plain, private, _, _ = _states(tmp_path, "feddyn", **{"privacy.clip": "1e6"})
+    np.testing.assert_allclose(_flat(private.h), _flat(plain.h), atol=1e-7)
+    np.testing.assert_allclose(_flat(private.weights), _flat(plain.weights), atol=1e-6)
