@@ -153,6 +153,16 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-corrupt": {"algo": "fedavg", "data.feature_shift": "corrupt:6"},
     # the NCHW layout (train.channels_last=false): the numbers recorded before channels-last came
     "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
+    # client-level DP: DP-FedAvg's noised mean (Poisson sampling, adaptive clip), and the releases
+    # an algorithm makes itself (Fed3+2p's chains, groups and noised label rows; SCAFFOLD's pairs)
+    "fedavg-dp": {
+        "algo": "fedavg", "privacy.clip": "adaptive:0.5", "privacy.noise_multiplier": 0.8,
+        "privacy.count_noise_multiplier": 2.0, "privacy.sampling": "poisson",
+    },  # fmt: skip
+    "fed3p2-dp": {"algo": "fed3p2", "privacy.clip": "1.0", "privacy.noise_multiplier": 0.5},
+    "scaffold-dp": {"algo": "scaffold", "privacy.clip": "1.0", "privacy.noise_multiplier": 0.5},
+    # sample-level DP: DP-SGD in every client's training
+    "fedavg-dpsgd": {"algo": "fedavg", "privacy.example_clip": 1.0, "privacy.example_noise_multiplier": 1.0},
 }
 CASES["fed3p2-nchw"] = {**CASES["fed3p2"], "train.channels_last": False}
 
