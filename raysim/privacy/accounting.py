@@ -514,6 +514,20 @@ def population(cfg: ExperimentConfig) -> tuple[int, float]:
     return n, cfg.clients_per_round
 
 
+def _calibrated_pair(cfg: ExperimentConfig, statistics: int) -> bool:
+    """Whether the config's noise multiplier is the one calibrated for its target epsilon (a checked
+    run's config.yaml carries both): then the pair says one thing, and a rerun of it is accepted."""
+    p = cfg.privacy
+    assert p.noise_multiplier is not None and p.target_epsilon is not None
+    n, cohort = population(cfg)
+    delta = p.delta if p.delta is not None else default_delta(n)
+    try:
+        sigma = calibrate_noise(p.target_epsilon, delta, cfg.rounds, p.sampling, n, cohort, p.accountant, statistics)
+    except ConfigError:
+        return False
+    return math.isclose(sigma, p.noise_multiplier, rel_tol=1e-12)
+
+
 def check_privacy(cfg: ExperimentConfig, statistics: int = 0) -> None:
     """Refuse, in one sentence each and before any work, every ``privacy.*`` combination that cannot
     mean what it says (single values' ranges are checked when the config is built); ``statistics``:
@@ -545,7 +559,7 @@ def check_privacy(cfg: ExperimentConfig, statistics: int = 0) -> None:
                 "privacy.delta is given but no differential privacy is on: set privacy.clip or privacy.example_clip."
             )
     else:
-        if p.noise_multiplier is not None and p.target_epsilon is not None:
+        if p.noise_multiplier is not None and p.target_epsilon is not None and not _calibrated_pair(cfg, statistics):
             raise ConfigError(
                 "Give privacy.noise_multiplier or privacy.target_epsilon, not both: one decides the other."
             )

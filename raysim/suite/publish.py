@@ -16,7 +16,10 @@
 - ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band;
   where the trials ran a simulated deployment whose devices take time, also
   ``accuracy_<metric>_sim_time.png``, the same against the simulated clock (and the table gains the
-  simulated time, and with ``eval.target`` the simulated time to the target).
+  simulated time, and with ``eval.target`` the simulated time to the target);
+- where the suite file has ``against`` (:mod:`raysim.suite.against`): a table per metric of each
+  series' final value against a setting, the privacy each trial spent where it ran under DP, and
+  ``against_<axis>_<metric>.png``.
 
 Only ``notes.md`` is written by hand: the judgement (which claims hold, and why) stays prose beside
 the generated table, and publishing again keeps it. Every number on the page comes from the suite
@@ -199,6 +202,7 @@ def publish(
     shutil.copyfile(src / "summary.json", out / "summary.json")
     rows = pq.read_table(src / "metrics.parquet").to_pylist()
     pngs = curve_plots(rows, out)
+    against_pngs: list[Path] = []
     from raysim.suite.results import yaml_safe_load
 
     spec = yaml_safe_load(src / "suite.yaml")
@@ -208,7 +212,10 @@ def publish(
 
         given = load_config_file(suite_file)
         configs = [{"name": c.name} for c in load_suite(Path(suite_file)).configs]
-        spec = {**spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting")}
+        spec = {
+            **spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting"),
+            "against": given.get("against"),
+        }  # fmt: skip
     description = spec.get("description", "")
     parts = [
         f"# {summary['suite']}",
@@ -245,6 +252,12 @@ def publish(
             "</details>",
             "",
         ]
+    if spec.get("against") is not None:  # series against a setting (raysim.suite.against)
+        from raysim.suite.against import against_sections, parse_against
+
+        against = parse_against(spec["against"], [c["config"] for c in summary["configs"]], str(src / "suite.yaml"))
+        section, against_pngs = against_sections(against, summary, src, out)
+        parts += section
     parts += _paper_sections(spec, src, summary, rows)
     class_table = class_accuracy_table(rows, summary)
     if class_table:  # eval.analyses (raysim.results.analysis)
@@ -263,7 +276,7 @@ def publish(
         parts += ["## Notes", "", (out / NOTES).read_text().strip(), ""]
     page = out / PAGE
     page.write_text("\n".join(parts).rstrip() + "\n")
-    return [page, out / "summary.json", *pngs, write_index(out.parent)]
+    return [page, out / "summary.json", *pngs, *against_pngs, write_index(out.parent)]
 
 
 def write_index(results_dir: str | os.PathLike[str]) -> Path:

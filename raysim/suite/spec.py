@@ -124,6 +124,8 @@ class Suite:
     #: the paper's setting for what the suite reproduces (dotted settings); the page lists every
     #: difference from what ran
     paper_setting: Mapping[str, Any] = field(default_factory=dict)
+    #: the page's series against a setting, the suite file's entry as checked (raysim.suite.against)
+    against: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -237,11 +239,12 @@ def load_suite(path: str | Path) -> Suite:
     """A suite from its YAML (or TOML/JSON) file: ``name``, ``description``, ``base`` (settings
     of every trial), ``configs`` (a list of ``{name, set, paper}``), ``grid`` (settings to cross
     every configuration with), ``seeds``, ``search``, ``scheduler`` (for a suite without a search:
-    a name, or ``{name, metric, mode}``) and ``driver_cpus``."""
+    a name, or ``{name, metric, mode}``), ``driver_cpus``, and for its page ``claims``,
+    ``paper_setting`` (:mod:`raysim.suite.claims`) and ``against`` (:mod:`raysim.suite.against`)."""
     data = load_config_file(path)
     known = {
         "name", "description", "base", "configs", "grid", "seeds", "search", "scheduler", "driver_cpus",
-        "equal_compute", "claims", "paper_setting",
+        "equal_compute", "claims", "paper_setting", "against",
     }  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
@@ -280,6 +283,11 @@ def load_suite(path: str | Path) -> Suite:
         if pair is not None
         else None,
     )
+    if data.get("against") is not None:  # the page's series against a setting (raysim.suite.against)
+        from raysim.suite.against import parse_against
+
+        parse_against(data["against"], [c.name for c in suite.configs], str(path))
+        suite = dataclasses.replace(suite, against=dict(data["against"]))
     return paper_of(suite, data, str(path))
 
 
@@ -673,6 +681,8 @@ def to_yaml(suite: Suite) -> dict[str, Any]:
         out["claims"] = [claim_dict(c) for c in suite.claims]
     if suite.paper_setting:
         out["paper_setting"] = dict(suite.paper_setting)
+    if suite.against is not None:
+        out["against"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in suite.against.items()}
     return out
 
 

@@ -204,3 +204,17 @@ def test_the_calibrated_sigma_spends_the_target_as_the_run_accounts_it():
     spent = Accountant.for_experiment(exp.cfg).epsilon(5)
     assert spent <= 3.0 and spent == pytest.approx(3.0, rel=0.01)
     assert expected_cohort(exp.cfg) == pytest.approx(6.6)
+
+
+def test_a_checked_configs_calibrated_sigma_and_target_are_accepted_together():
+    """A run's config.yaml carries the target epsilon and the sigma calibrated for it: checked again
+    (a rerun of that file), the pair is accepted; a sigma that is not the calibrated one is refused."""
+    import dataclasses
+
+    setup = {"privacy.clip": "1.0", "privacy.target_epsilon": 3.0, "privacy.sampling": "poisson", "privacy.accountant": "rdp", "rounds": 5}
+    cfg = validate(tiny_config(clients=20, participation=0.3, **setup)).cfg
+    assert cfg.privacy.noise_multiplier is not None and cfg.privacy.target_epsilon == 3.0
+    assert validate(cfg).cfg.privacy == cfg.privacy
+    other = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, noise_multiplier=cfg.privacy.noise_multiplier * 1.01))
+    with pytest.raises(ConfigError, match="not both"):
+        validate(other)

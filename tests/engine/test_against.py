@@ -1,0 +1,100 @@
+"""A suite's series against a setting (raysim/suite/against.py): the suite file's ``against`` refused
+in one sentence where it is wrong; on a real suite run under client-level DP, the page's table
+carries each series' final values from summary.json at each budget, the privacy each trial spent
+from its own summary.json, and the figures."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from raysim.commands.console import main as console_main
+from raysim.errors import ConfigError
+from raysim.suite.against import parse_against
+from tests.engine.test_publish import make_suite_dir
+
+CONFIGS = ["fedavg_inf", "fedavg_eps2", "fedper_inf", "fedper_eps2", "local_inf"]
+
+SUITE = """
+name: tiny_budget
+description: two algorithms with and without client-level DP
+base:
+  dataset: synthetic
+  model: mlp_fcd
+  clients: 6
+  participation: 0.5
+  rounds: 2
+  local_epochs: 1
+  batch_size: 20
+  lr: 0.05
+  output.tensorboard: false
+  data.synthetic.shape: [1, 8, 8]
+  data.synthetic.train_samples: 600
+  data.synthetic.test_samples: 300
+seeds: 0-1
+configs:
+  - {name: fedavg_inf, set: {algo: fedavg}}
+  - {name: fedavg_eps20, set: {algo: fedavg, privacy.clip: "1.0", privacy.target_epsilon: 20}}
+  - {name: fedper_inf, set: {algo: fedper}}
+  - {name: fedper_eps20, set: {algo: fedper, privacy.clip: "1.0", privacy.target_epsilon: 20}}
+against:
+  axis: epsilon
+  suffixes: {eps20: 20, inf: .inf}
+  metrics: [gm_gtest, lm_ptest]
+"""
+
+
+def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Path) -> None:
+    suite_dir = make_suite_dir(tmp_path, SUITE)
+    out = tmp_path / "page"
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123"]) == 0
+    page = (out / "README.md").read_text()
+    section = page.split("## Against epsilon")[1].split("\n## ")[0]
+    summary = {c["config"]: c for c in json.loads((suite_dir / "summary.json").read_text())["configs"]}
+    tables = {"gm_gtest": section.split("gm_gtest:")[1].split("lm_ptest:")[0], "lm_ptest": section.split("lm_ptest:")[1].split("The privacy")[0]}
+    # FedAvg has a global model and no local ones, FedPer (a personal head) the other way round
+    for metric, series in (("gm_gtest", "fedavg"), ("lm_ptest", "fedper")):
+        rows = {line.split(" | ")[0].strip("| "): line for line in tables[metric].splitlines() if line.startswith("| fed")}
+        assert list(rows) == [series]
+        cells = [c.strip() for c in rows[series].strip("|").split(" | ")][1:]
+        for cell, suffix in zip(cells, ("eps20", "inf"), strict=True):
+            c = summary[f"{series}_{suffix}"]
+            assert cell == f"{100 * c['mean'][metric]:.2f} ± {100 * c['std'][metric]:.2f}"
+    run = json.loads((suite_dir / "runs" / "fedper_eps20-seed0" / "summary.json").read_text())
+    other = json.loads((suite_dir / "runs" / "fedper_eps20-seed1" / "summary.json").read_text())
+    spent = [line for line in section.splitlines() if line.startswith("| fedper |") and "," in line][-1]
+    eps = (run["epsilon"] + other["epsilon"]) / 2
+    assert f"{eps:.3f}" in spent and 0 < eps <= 20
+    assert (out / "against_epsilon_gm_gtest.png").stat().st_size > 5000
+    assert (out / "against_epsilon_lm_ptest.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ([1, 2], "is a mapping"),
+        ({"axis": "epsilon", "suffixes": {"inf": math.inf}, "colour": "red"}, "Unknown key 'colour'"),
+        ({"axis": "", "suffixes": {"inf": math.inf}}, "against.axis"),
+        ({"axis": 3, "suffixes": {"inf": math.inf}}, "against.axis"),
+        ({"axis": "epsilon", "suffixes": []}, "maps name suffixes"),
+        ({"axis": "epsilon", "suffixes": {"eps_2": 2}}, "is not a name suffix"),
+        ({"axis": "epsilon", "suffixes": {"eps2": "two"}}, "is a number"),
+        ({"axis": "epsilon", "suffixes": {"eps2": True}}, "is a number"),
+        ({"axis": "epsilon", "suffixes": {"eps2": 2}, "metrics": "gm_gtest"}, "is a list of metrics"),
+        ({"axis": "epsilon", "suffixes": {"eps2": 2}, "metrics": ["gm_test"]}, "'gm_test' is not one of"),
+        ({"axis": "epsilon", "suffixes": {"eps9": 9}}, "place no configuration"),
+    ],
+)
+def test_a_wrong_against_entry_is_refused_in_one_sentence(entry, words) -> None:
+    with pytest.raises(ConfigError, match=words) as err:
+        parse_against(entry, CONFIGS, "tiny.yaml")
+    assert str(err.value).count(". ") == 0
+
+
+def test_a_suffix_places_a_configuration_by_the_longest_match() -> None:
+    against = parse_against({"axis": "q", "suffixes": {"q1": 0.1, "q01": 0.01}}, ["a_q01", "b_q1", "c"], "x")
+    assert against.place("a_q01") == ("a", 0.01) and against.place("b_q1") == ("b", 0.1)
+    assert against.place("c") is None and against.place("_q1") is None
