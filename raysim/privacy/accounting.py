@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raysim.errors import ConfigError
