@@ -1,6 +1,11 @@
 """FedAvg (McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from Decentralized
 Data", Algorithm 1): sampled clients train the whole model from the global weights for E epochs; the
 server averages the uploads weighted by training-set size, w <- sum_k n_k/n * w_k.
+
+The server may step from that average with an optimiser (``algo.server_opt``,
+:mod:`raysim.capabilities.server_opt`): FedAvgM (Hsu, Qi and Brown 2019) and FedAdam, FedYogi and
+FedAdagrad (Reddi et al., ICLR 2021) are registered here with their defaults; every algorithm built
+on :class:`AveragedWeights` takes the setting.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from raysim.capabilities.batching import Batching, train_received
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.presum import Presum
 from raysim.capabilities.regularizers import Regularizable
+from raysim.capabilities.server_opt import OptState, ServerOptimizer, server_step
 from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class GlobalState:
     weights: ModelWeights  # the shared parts (FedAvg: extractor, filter, head)
+    opt: OptState | None = None  # the server optimiser's state (algo.server_opt other than FedAvg's)
 
 
 def train_global_parts(
@@ -58,6 +65,8 @@ class AveragedWeights(Algorithm[GlobalState]):
     #: the aggregate is the size-weighted mean of every upload: the Ray executor may sum a round's
     #: uploads on the workers (in the cross-device regime: raysim.capabilities.presum)
     presum = Presum()
+    #: algo.server_opt: the server steps from the average with an optimiser (FedAvg's own by default)
+    server_opt = ServerOptimizer()
 
     def init(self, ctx: ServerContext) -> GlobalState:
         return GlobalState(ctx.init_weights.select(self.shared_parts))
@@ -71,7 +80,13 @@ class AveragedWeights(Algorithm[GlobalState]):
         return [Job((c,), payload, pinned=self.pinned) for c in sampled]
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> GlobalState:
-        return GlobalState(average_uploads(results)) if self.shared_parts else state
+        if not self.shared_parts:
+            return state
+        average = average_uploads(results)
+        opt = ServerOptimizer.of(self).settings(self.cfg)
+        if opt.plain:  # FedAvg's step: the average itself
+            return GlobalState(average)
+        return GlobalState(*server_step(state.weights, average, state.opt, opt))
 
     def evaluation(self, state: GlobalState) -> Evaluation:
         return Evaluation(state.weights)
@@ -101,4 +116,41 @@ class FedAvg(AveragedWeights):
         return train_received(self, ctxs, payloads, GLOBAL_PARTS, self.loss_fn)
 
 
-__all__ = ["AveragedWeights", "FedAvg", "GlobalState", "train_global_parts"]
+@register("fedavgm")
+class FedAvgM(FedAvg):
+    """FedAvgM (Hsu, Qi and Brown 2019, Sec. 3): FedAvg with server momentum beta = 0.9 at rate 1."""
+
+    server_opt = ServerOptimizer("sgdm", lr=1.0, momentum=0.9)
+
+
+@register("fedadam")
+class FedAdam(FedAvg):
+    """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, beta2 0.99, tau 1e-3."""
+
+    server_opt = ServerOptimizer("adam", lr=0.1)
+
+
+@register("fedyogi")
+class FedYogi(FedAvg):
+    """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): eta 0.01, beta1 0.9, beta2 0.99, tau 1e-3."""
+
+    server_opt = ServerOptimizer("yogi", lr=0.01)
+
+
+@register("fedadagrad")
+class FedAdagrad(FedAvg):
+    """FedAdagrad (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, tau 1e-3."""
+
+    server_opt = ServerOptimizer("adagrad", lr=0.1)
+
+
+__all__ = [
+    "AveragedWeights",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvg",
+    "FedAvgM",
+    "FedYogi",
+    "GlobalState",
+    "train_global_parts",
+]

@@ -103,7 +103,7 @@ class FedBuff(FedAvg):
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
         p = self.params
         weights, momentum = server_step(state.weights, uploads, p.server_lr, p.server_momentum, state.momentum)
-        return BuffState(weights, momentum)
+        return BuffState(weights, momentum=momentum)
 
 
 __all__ = ["BuffState", "FedBuff", "FedBuffConfig", "server_step"]

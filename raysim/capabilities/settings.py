@@ -1,7 +1,9 @@
 """The ``algo.*`` settings the capabilities take besides an algorithm's own Config: "-FT"
-fine-tuning's (``ft_epochs``, ``ft_lr``; :mod:`raysim.capabilities.finetune`) and the added
-regularisers' (``regularizers``, ``reg_beta``, ``reg_tau``; :mod:`raysim.capabilities.regularizers`),
-typed and range-checked like any Config (``--set algo.regularizers=[kd,fd]`` is a tuple)."""
+fine-tuning's (``ft_epochs``, ``ft_lr``; :mod:`raysim.capabilities.finetune`), the added
+regularisers' (``regularizers``, ``reg_beta``, ``reg_tau``; :mod:`raysim.capabilities.regularizers`)
+and the server optimisers' (``server_opt``, ``server_lr``, ``server_momentum``, ``beta1``, ``beta2``,
+``tau``; :mod:`raysim.capabilities.server_opt`), typed and range-checked like any Config
+(``--set algo.regularizers=[kd,fd]`` is a tuple)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ FT_PARAMS = ("ft_epochs", "ft_lr")
 #: and the distillation temperature ``reg_tau``), which every algorithm whose class
 #: has the ``regularizers`` capability takes besides its own Config
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
+#: the server optimiser's settings, which every algorithm whose server averages the uploads takes
+#: (its class declares ``ServerOptimizer``; None: the declaration's default)
+OPT_PARAMS = ("server_opt", "server_lr", "server_momentum", "beta1", "beta2", "tau")
 #: the regularisers' names: the one list of them (each one's term:
 #: :func:`raysim.capabilities.regularizers.term`, which mypy checks covers them all)
 RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
@@ -34,12 +39,18 @@ class EngineParams:
     regularizers: tuple[RegName, ...] = ()
     reg_beta: float = setting(0.9, at_least=0, below=1)  # the algorithm's own loss's weight
     reg_tau: float = setting(3.0, above=0)  # the distillation temperature
+    server_opt: Literal["sgd", "sgdm", "adam", "yogi", "adagrad"] | None = None  # None: the algorithm's
+    server_lr: float | None = setting(None, above=0)  # eta
+    server_momentum: float | None = setting(None, at_least=0, below=1)  # sgdm's beta
+    beta1: float | None = setting(None, at_least=0, below=1)  # the adaptive optimisers' first moment
+    beta2: float | None = setting(None, at_least=0, below=1)  # ... and second
+    tau: float | None = setting(None, above=0)  # the adaptivity
 
 
 def engine_settings(algo_params: Any) -> EngineParams:
     """The engine's settings among an experiment's ``algo_params`` (the rest are the Config's)."""
-    names = FT_PARAMS + REG_PARAMS
+    names = FT_PARAMS + REG_PARAMS + OPT_PARAMS
     return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
 
 
-__all__ = ["FT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_settings"]
+__all__ = ["FT_PARAMS", "OPT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_settings"]

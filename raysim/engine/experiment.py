@@ -23,7 +23,8 @@ from raysim.capabilities.asynchronous import Asynchronous
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.regularizers import Regularizable
-from raysim.capabilities.settings import FT_PARAMS, REG_PARAMS, engine_settings
+from raysim.capabilities.server_opt import ServerOptimizer
+from raysim.capabilities.settings import FT_PARAMS, OPT_PARAMS, REG_PARAMS, engine_settings
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.deployment.model import apply_preset, preset_settings
 from raysim.deployment.model import check as check_deployment
@@ -67,7 +68,11 @@ def algorithm_class(name: str) -> type[AlgorithmHooks]:
 
 def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
-    return (FT_PARAMS if FineTune.of(cls).declared else ()) + (REG_PARAMS if Regularizable.of(cls).declared else ())
+    return (
+        (FT_PARAMS if FineTune.of(cls).declared else ())
+        + (REG_PARAMS if Regularizable.of(cls).declared else ())
+        + (OPT_PARAMS if ServerOptimizer.applies(cls) else ())
+    )
 
 
 #: parameter names that cannot be Config fields (Python keywords), and the field each one sets
@@ -105,16 +110,27 @@ def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks]) -> Any:
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
     # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
-    _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw})
+    _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw}, cls)
     params = from_dict(cls.Config, raw, where="algo")
     cls.check(cfg, params)
     return params
 
 
-def _check_engine_params(given: Mapping[str, Any]) -> None:
+def _check_engine_params(given: Mapping[str, Any], cls: type) -> None:
     names = engine_settings(given).regularizers  # each setting's own range is declared with it
     if len(set(names)) < len(names):
         raise ConfigError(f"algo.regularizers lists each regulariser once, not {list(names)!r}.")
+    if ServerOptimizer.applies(cls):
+        from raysim.capabilities.server_opt import ADAPTIVE
+
+        opt = engine_settings(given).server_opt or ServerOptimizer.of(cls).opt
+        unused = [k for k in ("server_momentum",) if k in given and opt != "sgdm"]
+        unused += [k for k in ("beta1", "beta2", "tau") if k in given and opt not in ADAPTIVE]
+        if unused:
+            raise ConfigError(
+                f"algo.{unused[0]} is not a setting of the server optimiser {opt} (algo.server_opt): "
+                "server_momentum is sgdm's, beta1, beta2 and tau are adam's, yogi's and adagrad's."
+            )
 
 
 def make_algorithm(cfg: ExperimentConfig) -> AlgorithmHooks:

@@ -149,14 +149,14 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
 
 def test_example_script_runs(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "fedavgm.py"), "--dataset", "synthetic", "--clients", "6",
+        [sys.executable, str(ROOT / "examples" / "fedmedian.py"), "--dataset", "synthetic", "--clients", "6",
          "--rounds", "2", "--executor", "serial", "--out", str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert any(line.startswith("fedavgm    mean") for line in lines), out.stdout
-    assert sum(line.split()[0] in ("fedavg", "fedavgm") and line.split()[1].isdigit() for line in lines[1:]) == 4
+    assert any(line.startswith("fedmedian  mean") for line in lines), out.stdout
+    assert sum(line.split()[0] in ("fedavg", "fedmedian") and line.split()[1].isdigit() for line in lines[1:]) == 4
 
 
 def test_console_command(tmp_path):
@@ -221,18 +221,18 @@ def test_plugins_named_on_the_command_line(tmp_path):
     """``--set plugins=[script.py]`` registers the script's algorithm before the config is resolved."""
     from raysim.commands.run import main
 
-    script = ROOT / "examples" / "fedavgm.py"
+    script = ROOT / "examples" / "fedmedian.py"
     argv = [
-        "--algo", "fedavgm", "--set", f"plugins=[{script}]", "--dataset", "synthetic", "--model", "mlp_fcd",
+        "--algo", "fedmedian", "--set", f"plugins=[{script}]", "--dataset", "synthetic", "--model", "mlp_fcd",
         "--clients", "4", "--rounds", "1", "--executor", "serial", "--no-progress", "--no-tensorboard", "-q",
         "--set", "data.synthetic.shape=[1,8,8]", "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(argv) == 0
-    assert raysim.load(tmp_path).config["algo"] == "fedavgm"
+    assert raysim.load(tmp_path).config["algo"] == "fedmedian"
 
 
 def test_a_run_looks_its_algorithm_up_and_checks_its_config_once_in_the_driver(tmp_path, monkeypatch):
-    """Item 7 of the small-core issue: the config travels one way. The driver looks the algorithm's
+    """The config travels one way. The driver looks the algorithm's
     class up once to put its paper setup beneath the settings and once in the check; the check
     runs once; the runner and the executor take the checked experiment and look up nothing."""
     import raysim.engine.experiment as experiment

@@ -1,0 +1,146 @@
+"""Server optimisers for an algorithm whose server averages the uploads (:class:`ServerOptimizer`):
+FedOpt's (Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive Federated
+Optimization", ICLR 2021, Algorithm 2) and FedAvgM's (Hsu, Qi and Brown, "Measuring the Effects of
+Non-Identical Data Distribution for Federated Visual Classification", 2019, Sec. 3).
+
+The round's average of the uploads, y, against the weights the clients received, x, gives the
+pseudo-gradient Delta = y - x (Reddi et al.'s Delta_t, the mean of the clients' changes). The server
+steps with ``algo.server_opt``:
+
+- ``sgd``: x <- x + eta Delta (eta = ``server_lr``; eta = 1 is FedAvg, to the bit: the average itself);
+- ``sgdm`` (FedAvgM): m <- beta m + Delta, x <- x + eta m (beta = ``server_momentum``; Hsu et al.'s
+  v <- beta v + (x - y), x <- x - eta v, the same step with the sign folded in);
+- ``adam``, ``yogi``, ``adagrad`` (FedAdam, FedYogi, FedAdagrad): m <- beta1 m + (1 - beta1) Delta and
+  v <- beta2 v + (1 - beta2) Delta^2 (Adam), v - (1 - beta2) Delta^2 sign(v - Delta^2) (Yogi) or
+  v + Delta^2 (Adagrad), then x <- x + eta m / (sqrt(v) + tau), element by element (tau = ``tau``,
+  the adaptivity). m starts at 0 and v at tau^2 (Algorithm 2's v_{-1} >= tau^2, at its bound;
+  Flower starts v at 0); there is no bias correction, as in Algorithm 2.
+
+Every step is in float64 and stored as float32. The optimiser's state (m, v) is part of the
+algorithm's server state, so a checkpoint keeps it. Registered names carry defaults: ``fedavgm``
+(sgdm, eta 1, beta 0.9: Hsu et al.'s), ``fedadam`` and ``fedadagrad`` (eta 0.1), ``fedyogi``
+(eta 0.01), each with beta1 0.9, beta2 0.99 and tau 1e-3 (Reddi et al., Sec. 5 and App. D, which
+tune eta per task; the rates are Flower's defaults). Any other algorithm whose aggregate is
+:class:`algorithms.fedavg.AveragedWeights`'s (FedProx, FedPer's body, Ditto's global model, MOON,
+FedBN's shared entries: :meth:`ServerOptimizer.applies`) takes ``algo.server_opt`` as a setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raysim.capabilities.declared import Capability
+from raysim.capabilities.presum import Presum
+from raysim.config import ExperimentConfig
+from raysim.weights import ModelWeights
+
+#: the server optimisers (``algo.server_opt``)
+OPTIMIZERS = ("sgd", "sgdm", "adam", "yogi", "adagrad")
+ADAPTIVE = ("adam", "yogi", "adagrad")
+
+
+@dataclass(frozen=True)
+class OptSettings:
+    """A run's server optimiser, its settings resolved (the capability's defaults under the given)."""
+
+    opt: str
+    lr: float
+    momentum: float
+    beta1: float
+    beta2: float
+    tau: float
+
+    @property
+    def plain(self) -> bool:
+        """FedAvg's own step (sgd at rate 1): the average itself, no state."""
+        return self.opt == "sgd" and self.lr == 1.0
+
+
+@dataclass(frozen=True)
+class OptState:
+    """The server optimiser's state: the first moment m (sgdm's momentum) and the second v."""
+
+    m: ModelWeights | None = None
+    v: ModelWeights | None = None
+
+
+@dataclass(frozen=True)
+class ServerOptimizer(Capability):
+    """``server_opt = ServerOptimizer(...)`` on an averaging algorithm's class: its defaults."""
+
+    opt: str = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+    @classmethod
+    def applies(cls, algorithm: Any) -> bool:
+        """Whether ``algorithm`` (class or object) takes the ``algo.server_opt`` settings: it declares
+        the capability and its aggregate is the averaging one that declared ``Presum``."""
+        klass = algorithm if isinstance(algorithm, type) else type(algorithm)
+        presum = Presum.of(klass)
+        return (
+            cls.of(klass).declared
+            and presum.declared
+            and getattr(klass, "aggregate", None) is getattr(presum.owner, "aggregate", object())
+        )
+
+    def settings(self, cfg: ExperimentConfig) -> OptSettings:
+        """The run's optimiser: ``algo.server_opt`` and its settings where given, else this
+        declaration's defaults."""
+        from raysim.capabilities.settings import engine_settings
+
+        p = engine_settings(cfg.algo_params)
+
+        def pick(given: Any, default: Any) -> Any:
+            return default if given is None else given
+
+        return OptSettings(
+            pick(p.server_opt, self.opt), float(pick(p.server_lr, self.lr)), float(pick(p.server_momentum, self.momentum)),
+            float(pick(p.beta1, self.beta1)), float(pick(p.beta2, self.beta2)), float(pick(p.tau, self.tau)),
+        )  # fmt: skip
+
+
+def server_step(
+    x: ModelWeights, y: ModelWeights, state: OptState | None, s: OptSettings
+) -> tuple[ModelWeights, OptState]:
+    """One server step from the weights sent, ``x``, and the round's average, ``y`` (see the module
+    docstring): the new weights and the optimiser's new state."""
+    state = state or OptState()
+    new_x, new_m, new_v = {}, {}, {}
+    for n in x.part_names:
+        xs = x.part(n).astype(np.float64)
+        delta = y.part(n).astype(np.float64) - xs
+        if s.opt == "sgd":
+            new_x[n] = xs + s.lr * delta
+            continue
+        m_prev = state.m.part(n).astype(np.float64) if state.m is not None else np.zeros_like(xs)
+        if s.opt == "sgdm":
+            m = s.momentum * m_prev + delta
+            new_x[n], new_m[n] = xs + s.lr * m, m
+            continue
+        m = s.beta1 * m_prev + (1 - s.beta1) * delta
+        v_prev = state.v.part(n).astype(np.float64) if state.v is not None else np.full_like(xs, s.tau**2)
+        sq = delta * delta
+        if s.opt == "adam":
+            v = s.beta2 * v_prev + (1 - s.beta2) * sq
+        elif s.opt == "yogi":
+            v = v_prev - (1 - s.beta2) * sq * np.sign(v_prev - sq)
+        else:  # adagrad
+            v = v_prev + sq
+        new_x[n], new_m[n], new_v[n] = xs + s.lr * m / (np.sqrt(v) + s.tau), m, v
+
+    def weights(parts: dict[str, np.ndarray]) -> ModelWeights | None:
+        return ModelWeights(**{n: a.astype(np.float32) for n, a in parts.items()}) if parts else None
+
+    out = weights(new_x)
+    assert out is not None
+    return out, OptState(weights(new_m), weights(new_v))
+
+
+__all__ = ["ADAPTIVE", "OPTIMIZERS", "OptSettings", "OptState", "ServerOptimizer", "server_step"]

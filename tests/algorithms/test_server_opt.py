@@ -1,0 +1,131 @@
+"""Server optimisers (raysim/capabilities/server_opt.py): FedAvg's own step to the bit, FedAvgM,
+FedAdam, FedYogi and FedAdagrad's first two steps against Reddi et al.'s Algorithm 2 written out by
+hand on a two-client case, the optimiser's state through a checkpoint, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from raysim.config import ExperimentConfig, from_dict
+from raysim.engine.experiment import make_algorithm, validate
+from raysim.engine.runner import run_experiment
+from raysim.errors import ConfigError
+from raysim.weights import ModelWeights
+from raysim.wire import ClientResult, Job, JobResult
+from tests.conftest import tiny_config, without_times
+
+
+def test_sgd_at_rate_one_and_sgdm_without_momentum_are_fedavg_to_the_bit(tmp_path):
+    fedavg = without_times(run_experiment(tiny_config(tmp_path / "a", rounds=2, **{"eval.every": 1})).rows)
+    for name, opt in (("sgd", {"algo.server_opt": "sgd", "algo.server_lr": 1.0}),
+                      ("sgdm", {"algo.server_opt": "sgdm", "algo.server_momentum": 0.0})):  # fmt: skip
+        rows = without_times(run_experiment(tiny_config(tmp_path / name, rounds=2, **{"eval.every": 1}, **opt)).rows)
+        assert rows == fedavg, name
+
+
+def _round(algo, x, uploads, sizes, **settings):
+    """The server state after one round of ``algo`` from ``x`` with these uploads, and the next
+    after a second round with the same uploads."""
+    cfg = validate(tiny_config(algo=algo, **{f"algo.{k}": v for k, v in settings.items()})).cfg
+    server = make_algorithm(cfg)
+    from algorithms.fedavg import GlobalState
+
+    results = [
+        JobResult(Job((k,), None), (ClientResult(k, n, 0.0, ModelWeights(head=u.astype(np.float32))),))
+        for k, (u, n) in enumerate(zip(uploads, sizes, strict=True))
+    ]
+    one = server.aggregate(GlobalState(ModelWeights(head=x.astype(np.float32))), 1, results)
+    two = server.aggregate(one, 2, results)
+    return one, two
+
+
+X = np.array([0.5, -1.0, 2.0, 0.0])
+UPLOADS = [np.array([0.7, -1.5, 2.0, 0.3]), np.array([0.1, -0.5, 1.0, -0.1])]
+SIZES = [30, 10]
+
+
+def _by_hand(opt: str, eta: float, b1: float = 0.9, b2: float = 0.99, tau: float = 1e-3, beta: float = 0.9):
+    """Reddi et al., Algorithm 2 (and FedAvgM's heavy ball), two steps with the same uploads."""
+    f32 = np.float32
+    x = X.astype(f32).astype(np.float64)
+    avg = (30 * UPLOADS[0].astype(f32).astype(np.float64) + 10 * UPLOADS[1].astype(f32).astype(np.float64)) / 40
+    avg = avg.astype(f32).astype(np.float64)  # the round's average, as the server stores it
+    m, v = np.zeros(4), np.full(4, tau**2)
+    out = []
+    for _ in range(2):
+        d = avg - x
+        if opt == "sgdm":
+            m = beta * m + d
+            x = x + eta * m
+        else:
+            m = b1 * m + (1 - b1) * d
+            if opt == "adam":
+                v = b2 * v + (1 - b2) * d * d
+            elif opt == "yogi":
+                v = v - (1 - b2) * d * d * np.sign(v - d * d)
+            else:
+                v = v + d * d
+            x = x + eta * m / (np.sqrt(v) + tau)
+        x = x.astype(f32).astype(np.float64)
+        m, v = m.astype(f32).astype(np.float64), v.astype(f32).astype(np.float64)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("algo", "opt", "eta"),
+    [("fedadam", "adam", 0.1), ("fedyogi", "yogi", 0.01), ("fedadagrad", "adagrad", 0.1), ("fedavgm", "sgdm", 1.0)],
+)
+def test_the_registered_optimisers_take_the_papers_steps(algo, opt, eta):
+    one, two = _round(algo, X, UPLOADS, SIZES)
+    want = _by_hand(opt, eta)
+    np.testing.assert_allclose(one.weights.part("head"), want[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(two.weights.part("head"), want[1], rtol=1e-6, atol=1e-7)
+    assert not np.allclose(want[0], want[1])  # the second step moved on (the state carried)
+
+
+def test_a_setting_makes_any_averaging_algorithm_adaptive():
+    """FedProx with server_opt=adam takes FedAdam's steps (its aggregate is FedAvg's)."""
+    one, _ = _round("fedprox", X, UPLOADS, SIZES, server_opt="adam", server_lr=0.05, tau=0.01, beta2=0.9)
+    np.testing.assert_allclose(one.weights.part("head"), _by_hand("adam", 0.05, tau=0.01, b2=0.9)[0], rtol=1e-6)
+
+
+def test_the_optimisers_state_survives_a_checkpoint_exactly(tmp_path):
+    from raysim import checkpoint
+    from tests.engine.test_checkpoint import CtrlCAfter
+
+    setup = {"algo": "fedyogi", "rounds": 4, "eval.every": 1}
+    full = run_experiment(tiny_config(tmp_path / "full", **setup))
+    cfg = tiny_config(tmp_path / "stopped", **setup)
+    assert run_experiment(cfg, [CtrlCAfter(2)]).last_round == 2
+    resumed = run_experiment(cfg, resume=checkpoint.load(tmp_path / "stopped"))
+    assert without_times(resumed.rows) == without_times(full.rows)
+
+
+@pytest.mark.parametrize(
+    ("algo", "params", "words"),
+    [
+        ("fedavg", {"server_opt": "adamw"}, "server_opt"),
+        ("fedavg", {"server_opt": "Adam"}, "server_opt"),
+        ("fedavg", {"server_opt": 3}, "server_opt"),
+        ("fedavg", {"server_lr": 0}, "server_lr"),
+        ("fedavg", {"server_lr": -1.0}, "server_lr"),
+        ("fedavg", {"server_lr": "fast"}, "server_lr"),
+        ("fedadam", {"beta1": 1.0}, "beta1"),
+        ("fedadam", {"beta2": -0.1}, "beta2"),
+        ("fedadam", {"tau": 0}, "tau"),
+        ("fedadam", {"server_momentum": 0.9}, "server_momentum is not a setting of the server optimiser adam"),
+        ("fedavgm", {"beta1": 0.5}, "beta1 is not a setting of the server optimiser sgdm"),
+        ("fedavg", {"tau": 0.1}, "tau is not a setting of the server optimiser sgd"),
+        ("scaffold", {"server_opt": "adam"}, "Unknown setting algo.server_opt"),
+        ("fedexp", {"server_opt": "adam"}, "Unknown setting algo.server_opt"),
+    ],
+)
+def test_a_wrong_server_optimiser_setting_is_refused_in_one_sentence(algo, params, words):
+    cfg = dataclasses.replace(from_dict(ExperimentConfig, {"algo": algo}), algo_params=params)
+    with pytest.raises(ConfigError, match=words) as err:
+        validate(cfg)
+    assert str(err.value).count(". ") == 0
