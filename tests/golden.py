@@ -153,6 +153,11 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-corrupt": {"algo": "fedavg", "data.feature_shift": "corrupt:6"},
     # the NCHW layout (train.channels_last=false): the numbers recorded before channels-last came
     "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
+    # the server optimisers (raysim/capabilities/server_opt.py), each registered one
+    "fedavgm": {"algo": "fedavgm"},
+    "fedadam": {"algo": "fedadam"},
+    "fedyogi": {"algo": "fedyogi"},
+    "fedadagrad": {"algo": "fedadagrad"},
     # client-level DP: DP-FedAvg's noised mean (Poisson sampling, adaptive clip), and the releases
     # an algorithm makes itself (Fed3+2p's chains, groups and noised label rows; SCAFFOLD's pairs)
     "fedavg-dp": {
