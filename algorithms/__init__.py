@@ -21,6 +21,7 @@ from algorithms import (  # noqa: F401
     fedfcd,
     fedfomo,
     fedgh,
+    fednova,
     fedntd,
     fedpac,
     fedper,

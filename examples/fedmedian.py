@@ -35,10 +35,8 @@ from raysim.weights import ModelWeights  # noqa: E402
 
 @register("fedmedian")
 class FedMedian(FedAvg):
-    # its aggregate is not the mean: the class takes back what FedAvg declares for the mean (summing
-    # uploads on the workers, server optimisers)
-    presum = None
-    server_opt = None
+    # its own aggregate: what FedAvg declares for its mean (uploads summed on the workers, server
+    # optimisers) applies only to FedAvg's aggregate, so not here
 
     def aggregate(self, state, rnd, results):  # type: ignore[no-untyped-def]
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
