@@ -155,6 +155,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-nchw": {"algo": "fedavg", "train.channels_last": False},
     # the server optimisers (raysim/capabilities/server_opt.py), each registered one
     "fedavgm": {"algo": "fedavgm"},
+    # partial work, so that the clients' step counts differ and FedNova's normalisation matters
+    "fednova": {"algo": "fednova", "deployment.completeness": "uniform:0.3"},
     "fedadam": {"algo": "fedadam"},
     "fedyogi": {"algo": "fedyogi"},
     "fedadagrad": {"algo": "fedadagrad"},
