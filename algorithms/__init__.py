@@ -36,6 +36,7 @@ from algorithms import (  # noqa: F401
     pacfl,
     perfedavg,
     pfedme,
+    qffl,
     scaffold,
     spherefed,
 )

@@ -14,7 +14,9 @@
 
 Averages are unweighted (the mean over clients, as FedFCD, FedPAC and FedDr+ report) and
 sample-weighted (``*_weighted``); ``*_std`` is the standard deviation across clients (FedDr+'s
-"± (Y)"). A metric that does not apply to an algorithm is None (null in the tables).
+"± (Y)") and ``*_p10`` the mean over the worst 10% of the clients (at least one; q-FFL's "worst
+10%", Li, Sanjabi, Beirami and Smith, ICLR 2020, Table 1). A metric that does not apply to an
+algorithm is None (null in the tables).
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest
 def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
     pairs = [(c, n) for c, n in zip(correct, totals, strict=True) if c is not None and n > 0]
     if not pairs:
-        return {"mean": None, "weighted": None, "std": None}
+        return {"mean": None, "weighted": None, "std": None, "p10": None}
     acc = np.array([c / n for c, n in pairs])
+    worst = np.sort(acc)[: max(1, math.ceil(0.1 * len(acc)))]
     return {
         "mean": float(acc.mean()),
         "weighted": float(sum(c for c, _ in pairs) / sum(n for _, n in pairs)),
         "std": float(acc.std()),
+        "p10": float(worst.mean()),
     }
 
 
@@ -68,6 +72,7 @@ def summarize(report: EvalReport) -> dict[str, Any]:
         row[name] = s["mean"]
         row[f"{name}_weighted"] = s["weighted"]
         row[f"{name}_std"] = s["std"]
+        row[f"{name}_p10"] = s["p10"]
     for d, (correct, total) in enumerate(report.gtest_domains):  # data.feature_shift
         row[f"gm_gtest_domain_{d}"] = correct / total if total else None
     domains = sorted({c.domain for c in trained if c.domain is not None})

@@ -5,7 +5,8 @@ figure or section) and reads one quantity of each trial (``metric``) through one
 (``stat``). The quantities (``QUANTITIES``):
 
 - the accuracies ``gm_gtest``, ``gm_ptest``, ``lm_ptest``, ``updated_lm_ptest``, ``new_gm_ptest`` and
-  ``new_lm_ptest``, in %, and their sample-weighted means (``lm_ptest_weighted``, ...: the figure
+  ``new_lm_ptest``, in %, their means over the worst 10% of the clients (``lm_ptest_p10``, ...) and
+  their sample-weighted means (``lm_ptest_weighted``, ...: the figure
   PFLlib reports);
 - the analyses' means over the round's clients (``eval.analyses``, raysim/results/analysis.py:
   ``gm_obs_acc``, ``local_unobs_align``, ``local_obs_fdist``, ...), accuracies in %, the rest as
@@ -87,14 +88,18 @@ def quantities() -> tuple[str, ...]:
     from raysim.results.analysis import ANALYSIS_COLUMNS
     from raysim.results.metrics import METRICS
 
-    return (*METRICS, *(f"{m}_weighted" for m in METRICS), PURITY, *ANALYSIS_COLUMNS, "train_loss", TIME)
+    return (
+        *METRICS, *(f"{m}_weighted" for m in METRICS), *(f"{m}_p10" for m in METRICS), PURITY, *ANALYSIS_COLUMNS,
+        "train_loss", TIME,
+    )  # fmt: skip
 
 
 def is_accuracy(quantity: str) -> bool:
     """Whether a quantity is an accuracy (read in %, and the only kind with a best)."""
     from raysim.results.metrics import METRICS
 
-    return quantity.removesuffix("_weighted") in METRICS or quantity.endswith("_acc") or quantity == PURITY
+    base = quantity.removesuffix("_weighted").removesuffix("_p10")
+    return base in METRICS or quantity.endswith("_acc") or quantity == PURITY
 
 
 def unit(quantity: str) -> str:
