@@ -157,6 +157,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavgm": {"algo": "fedavgm"},
     # partial work, so that the clients' step counts differ and FedNova's normalisation matters
     "fednova": {"algo": "fednova", "deployment.completeness": "uniform:0.3"},
+    "qffl": {"algo": "qffl", "algo.q": 1.0},
     "fedadam": {"algo": "fedadam"},
     "fedyogi": {"algo": "fedyogi"},
     "fedadagrad": {"algo": "fedadagrad"},
