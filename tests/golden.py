@@ -158,6 +158,12 @@ CASES: dict[str, dict[str, Any]] = {
     # partial work, so that the clients' step counts differ and FedNova's normalisation matters
     "fednova": {"algo": "fednova", "deployment.completeness": "uniform:0.3"},
     "qffl": {"algo": "qffl", "algo.q": 1.0},
+    "fedcp": {"algo": "fedcp"},
+    # kappa 50 (the authors' script, for their rate 0.005 without momentum) diverges at this base's
+    # rate 0.05 with momentum 0.9
+    "feddbe": {"algo": "feddbe", "algo.kappa": 1.0},
+    "fedas": {"algo": "fedas"},
+    "pfedhn": {"algo": "pfedhn", "algo.inner_steps": 5},
     "fedadam": {"algo": "fedadam"},
     "fedyogi": {"algo": "fedyogi"},
     "fedadagrad": {"algo": "fedadagrad"},
