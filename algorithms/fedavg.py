@@ -83,7 +83,7 @@ class AveragedWeights(Algorithm[GlobalState]):
         if not self.shared_parts:
             return state
         average = average_uploads(results)
-        opt = ServerOptimizer.of(self).settings(self.cfg)
+        opt = ServerOptimizer.of(self).settings(self.cfg, self)
         if opt.plain:  # FedAvg's step: the average itself
             return GlobalState(average)
         return GlobalState(*server_step(state.weights, average, state.opt, opt))

@@ -198,7 +198,7 @@ class FedDBE(AveragedWeights):
 
     def evaluation(self, state: GlobalState) -> Evaluation:
         assert isinstance(state, DBEState)
-        return DBEEvaluation(state.weights, state.global_mean)
+        return DBEEvaluation(DBEEval(state.weights, state.global_mean))
 
     # ---------------------------------------------------------------------------------------- client
     def prbm(self, ctx: ClientContext, value: np.ndarray | None = None) -> torch.nn.Parameter:
@@ -248,14 +248,25 @@ def global_mean(results: Sequence[JobResult]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class DBEEvaluation(Evaluation):
-    """The shared weights (the GM, no bias) and z_bar^g; a client's personal model is the shared
-    weights predicting with its own PRBM, g(z^g + z_bar^p)."""
+class DBEEval:
+    """What FedDBE's evaluation carries to the workers: the shared weights and z_bar^g."""
 
+    weights: ModelWeights
     global_mean: np.ndarray | None = None
 
+
+class DBEEvaluation(Evaluation):
+    """The shared weights (the GM, no bias) and z_bar^g (a :class:`DBEEval`); a client's personal
+    model is the shared weights predicting with its own PRBM, g(z^g + z_bar^p)."""
+
+    def global_model(self, algo: FedDBE, model: SplitModel) -> SplitModel | None:
+        from raysim.models import set_weights
+
+        set_weights(model, self.payload.weights)
+        return model
+
     def personal_model(self, algo: FedDBE, ctx: ClientContext) -> SplitModel:
-        ctx.load(self.payload)
+        ctx.load(self.payload.weights)
         algo._bias = algo.prbm(ctx).detach()
         return ctx.model
 
@@ -267,12 +278,12 @@ class DBEEvaluation(Evaluation):
         ``eval.new_client_epochs`` on the newcomer's own stream; nothing is kept."""
         from raysim.engine.evaluation import newcomer_epochs
 
-        ctx.load(self.payload)
+        ctx.load(self.payload.weights)
         bias = algo.prbm(ctx, np.zeros(ctx.model.filter_dim, np.float32))
         epochs = newcomer_epochs(algo.cfg)
-        if epochs > 0 and self.global_mean is not None:
+        if epochs > 0 and self.payload.global_mean is not None:
             algo.train_with_prbm(
-                ctx, algo.lr(ctx.rnd), self.global_mean, bias, epochs=epochs, stream="newcomer"
+                ctx, algo.lr(ctx.rnd), self.payload.global_mean, bias, epochs=epochs, stream="newcomer"
             )
         algo._bias = bias.detach()
         return ctx.model
@@ -283,6 +294,7 @@ class DBEEvaluation(Evaluation):
 
 __all__ = [
     "BIAS",
+    "DBEEval",
     "DBEEvaluation",
     "DBEPayload",
     "DBEState",

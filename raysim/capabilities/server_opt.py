@@ -23,6 +23,8 @@ algorithm's server state, so a checkpoint keeps it. Registered names carry defau
 tune eta per task; the rates are Flower's defaults). Any other algorithm whose aggregate is
 :class:`algorithms.fedavg.AveragedWeights`'s (FedProx, FedPer's body, Ditto's global model, MOON,
 FedBN's shared entries: :meth:`ServerOptimizer.applies`) takes ``algo.server_opt`` as a setting.
+Where the algorithm's own Config has a setting of the same name (MOON's and FedNTD's ``tau``, a
+temperature) the name stays the algorithm's, and the adaptivity is ``algo.server_tau``.
 """
 
 from __future__ import annotations
@@ -90,19 +92,25 @@ class ServerOptimizer(Capability):
             and getattr(klass, "aggregate", None) is getattr(presum.owner, "aggregate", object())
         )
 
-    def settings(self, cfg: ExperimentConfig) -> OptSettings:
+    def settings(self, cfg: ExperimentConfig, algorithm: Any) -> OptSettings:
         """The run's optimiser: ``algo.server_opt`` and its settings where given, else this
-        declaration's defaults."""
+        declaration's defaults; a name ``algorithm``'s own Config has is the algorithm's (MOON's
+        ``tau``), not the optimiser's."""
+        import dataclasses
+
         from raysim.capabilities.settings import engine_settings
 
-        p = engine_settings(cfg.algo_params)
+        config = getattr(algorithm, "Config", None)
+        own = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        p = engine_settings({k: v for k, v in cfg.algo_params.items() if k not in own})
 
         def pick(given: Any, default: Any) -> Any:
             return default if given is None else given
 
         return OptSettings(
             pick(p.server_opt, self.opt), float(pick(p.server_lr, self.lr)), float(pick(p.server_momentum, self.momentum)),
-            float(pick(p.beta1, self.beta1)), float(pick(p.beta2, self.beta2)), float(pick(p.tau, self.tau)),
+            float(pick(p.beta1, self.beta1)), float(pick(p.beta2, self.beta2)),
+            float(pick(p.server_tau if p.server_tau is not None else p.tau, self.tau)),
         )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ FT_PARAMS = ("ft_epochs", "ft_lr")
 REG_PARAMS = ("regularizers", "reg_beta", "reg_tau")
 #: the server optimiser's settings, which every algorithm whose server averages the uploads takes
 #: (its class declares ``ServerOptimizer``; None: the declaration's default)
-OPT_PARAMS = ("server_opt", "server_lr", "server_momentum", "beta1", "beta2", "tau")
+OPT_PARAMS = ("server_opt", "server_lr", "server_momentum", "beta1", "beta2", "tau", "server_tau")
 #: the regularisers' names: the one list of them (each one's term:
 #: :func:`raysim.capabilities.regularizers.term`, which mypy checks covers them all)
 RegName = Literal["prox", "kd", "ntd", "ld", "fd"]
@@ -45,6 +45,9 @@ class EngineParams:
     beta1: float | None = setting(None, at_least=0, below=1)  # the adaptive optimisers' first moment
     beta2: float | None = setting(None, at_least=0, below=1)  # ... and second
     tau: float | None = setting(None, above=0)  # the adaptivity
+    #: the adaptivity under another name, for an algorithm whose own Config has a ``tau`` (MOON's and
+    #: FedNTD's temperatures): there ``algo.tau`` is the algorithm's
+    server_tau: float | None = setting(None, above=0)
 
 
 def engine_settings(algo_params: Any) -> EngineParams:

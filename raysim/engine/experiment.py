@@ -67,11 +67,14 @@ def algorithm_class(name: str) -> type[AlgorithmHooks]:
 
 
 def engine_params(cls: type) -> tuple[str, ...]:
-    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``."""
+    """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``; a name
+    the algorithm's own Config has stays the algorithm's (MOON's and FedNTD's ``tau``: their server
+    optimiser's adaptivity is ``server_tau``)."""
+    own = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else set()
     return (
         (FT_PARAMS if FineTune.of(cls).declared else ())
         + (REG_PARAMS if Regularizable.of(cls).declared else ())
-        + (OPT_PARAMS if ServerOptimizer.applies(cls) else ())
+        + (tuple(k for k in OPT_PARAMS if k not in own) if ServerOptimizer.applies(cls) else ())
     )
 
 
@@ -124,8 +127,10 @@ def _check_engine_params(given: Mapping[str, Any], cls: type) -> None:
         from raysim.capabilities.server_opt import ADAPTIVE
 
         opt = engine_settings(given).server_opt or ServerOptimizer.of(cls).opt
+        if "tau" in given and "server_tau" in given:
+            raise ConfigError("Give algo.tau or algo.server_tau, not both: they are the same adaptivity.")
         unused = [k for k in ("server_momentum",) if k in given and opt != "sgdm"]
-        unused += [k for k in ("beta1", "beta2", "tau") if k in given and opt not in ADAPTIVE]
+        unused += [k for k in ("beta1", "beta2", "tau", "server_tau") if k in given and opt not in ADAPTIVE]
         if unused:
             raise ConfigError(
                 f"algo.{unused[0]} is not a setting of the server optimiser {opt} (algo.server_opt): "

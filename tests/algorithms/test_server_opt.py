@@ -121,6 +121,8 @@ def test_the_optimisers_state_survives_a_checkpoint_exactly(tmp_path):
         ("fedavgm", {"beta1": 0.5}, "beta1 is not a setting of the server optimiser sgdm"),
         ("fedavg", {"tau": 0.1}, "tau is not a setting of the server optimiser sgd"),
         ("scaffold", {"server_opt": "adam"}, "Unknown setting algo.server_opt"),
+        ("fedadam", {"tau": 0.01, "server_tau": 0.01}, "not both"),
+        ("moon", {"server_opt": "sgdm", "server_tau": 0.01}, "server_tau is not a setting of the server optimiser sgdm"),
         ("fedexp", {"server_opt": "adam"}, "Unknown setting algo.server_opt"),
     ],
 )
@@ -129,3 +131,17 @@ def test_a_wrong_server_optimiser_setting_is_refused_in_one_sentence(algo, param
     with pytest.raises(ConfigError, match=words) as err:
         validate(cfg)
     assert str(err.value).count(". ") == 0
+
+
+def test_an_algorithms_own_tau_stays_its_own_and_server_tau_sets_the_adaptivity():
+    """MOON's and FedNTD's ``tau`` is their temperature: under server_opt=adam it is not the
+    optimiser's, whose adaptivity is then ``server_tau``."""
+    cfg = validate(tiny_config(algo="moon", **{"algo.tau": 0.7, "algo.server_opt": "adam", "algo.server_tau": 0.02})).cfg
+    algo = make_algorithm(cfg)
+    assert algo.params.tau == 0.7
+    from raysim.capabilities.server_opt import ServerOptimizer
+
+    assert ServerOptimizer.of(algo).settings(cfg, algo).tau == 0.02
+    plain = validate(tiny_config(algo="fedntd", **{"algo.tau": 2.0})).cfg
+    assert make_algorithm(plain).params.tau == 2.0
+    assert ServerOptimizer.of(make_algorithm(plain)).settings(plain, make_algorithm(plain)).plain
