@@ -70,7 +70,8 @@ def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``; a name
     the algorithm's own Config has stays the algorithm's (MOON's and FedNTD's ``tau``: their server
     optimiser's adaptivity is ``server_tau``)."""
-    own = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else set()
+    config = getattr(cls, "Config", None)
+    own = {f.name for f in dataclasses.fields(config)} if isinstance(config, type) and dataclasses.is_dataclass(config) else set()
     return (
         (FT_PARAMS if FineTune.of(cls).declared else ())
         + (REG_PARAMS if Regularizable.of(cls).declared else ())
