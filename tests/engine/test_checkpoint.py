@@ -158,7 +158,7 @@ def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     """Ctrl-C in a terminal reaches the whole foreground process group (the driver and the Ray it
     started): the round finishes, a checkpoint is written, exit status 130, and ``--resume`` on Ray
     gives the serial run's metrics."""
-    args = [*CLI_ARGS, "--workers", "2", "--local-epochs", "5", "--rounds", "20", "--checkpoint-every", "0"]
+    args = [*CLI_ARGS, "--workers", "2", "--local-epochs", "2", "--rounds", "20", "--checkpoint-every", "0"]
     proc = run_cli([*args, "--out", str(tmp_path / "run")], tmp_path, start_new_session=True)
     wait_for_rows(tmp_path / "run" / "metrics.parquet", proc, 2)
     os.killpg(proc.pid, signal.SIGINT)
