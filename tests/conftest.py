@@ -139,3 +139,17 @@ def executors(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(raysim.engine.runner, "start", start)
     return started
+
+
+def recording_aggregates(executor: Any) -> list[tuple[Any, list[Any]]]:
+    """From now on, the (server state, results) of each aggregate ``executor``'s algorithm makes
+    (on a SerialExecutor), kept in the list returned."""
+    got: list[tuple[Any, list[Any]]] = []
+    inner = executor.server.algo.aggregate
+
+    def aggregate(state: Any, rnd: int, results: Any) -> Any:
+        got.append((state, list(results)))
+        return inner(state, rnd, results)
+
+    executor.server.algo.aggregate = aggregate
+    return got

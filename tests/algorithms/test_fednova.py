@@ -9,7 +9,7 @@ import numpy as np
 from algorithms.fednova import step_weight
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
-from tests.conftest import tiny_config, without_times
+from tests.conftest import recording_aggregates, tiny_config, without_times
 
 IID = {"data.partition": "iid", "eval.every": 1, "rounds": 2}
 
@@ -30,16 +30,10 @@ def test_partial_work_gives_the_normalised_average(tmp_path):
     the run's momentum), and it is not FedAvg's size-weighted mean."""
     cfg = tiny_config(tmp_path, algo="fednova", **{**IID, "deployment.completeness": "uniform:0.3"})
     ex = SerialExecutor(cfg, prepare(cfg))
-    got = []
-    inner = ex.server.algo.aggregate
-
-    def aggregate(state, rnd, results):
-        got.append((state.weights, list(results)))
-        return inner(state, rnd, results)
-
-    ex.server.algo.aggregate = aggregate
+    got = recording_aggregates(ex)
     ex.train_round(1, [0, 1, 2, 3])
-    x0, results = got[0]
+    state, results = got[0]
+    x0 = state.weights
     finals = [jr.final for jr in results]
     steps = [r.extra.steps for r in finals]
     a = [step_weight(s, cfg.train.momentum) for s in steps]

@@ -8,7 +8,7 @@ import numpy as np
 
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
-from tests.conftest import tiny_config, without_times
+from tests.conftest import recording_aggregates, tiny_config, without_times
 
 IID = {"data.partition": "iid", "eval.every": 1, "rounds": 2}
 
@@ -23,16 +23,10 @@ def test_q_zero_is_fedavg_on_equal_clients(tmp_path):
 def test_the_server_step_is_algorithm_2_by_hand(tmp_path):
     cfg = tiny_config(tmp_path, algo="qffl", **{"algo.q": 2.0, "data.partition": "dirichlet:0.3"})
     ex = SerialExecutor(cfg, prepare(cfg))
-    got = []
-    inner = ex.server.algo.aggregate
-
-    def aggregate(state, rnd, results):
-        got.append((state.weights, list(results)))
-        return inner(state, rnd, results)
-
-    ex.server.algo.aggregate = aggregate
+    got = recording_aggregates(ex)
     ex.train_round(1, [0, 2, 5, 7])
-    w, results = got[0]
+    state, results = got[0]
+    w = state.weights
     finals = [jr.final for jr in results]
     losses = [r.extra for r in finals]
     assert all(v > 0 for v in losses) and len(set(losses)) == 4
@@ -55,11 +49,10 @@ def test_a_clients_reported_loss_is_its_cross_entropy_at_the_received_model(tmp_
 
     cfg = tiny_config(tmp_path, algo="qffl")
     ex = SerialExecutor(cfg, prepare(cfg))
-    got = []
-    inner = ex.server.algo.aggregate
-    ex.server.algo.aggregate = lambda s, r, res: (got.append((s.weights, list(res))), inner(s, r, res))[1]
+    got = recording_aggregates(ex)
     ex.train_round(1, [3])
-    w, (jr,) = got[0]
+    state, (jr,) = got[0]
+    w = state.weights
     ctx = ClientContext(ex.runtime, 3, 1)
     x, y = ctx.train_tensors()
     model = ctx.scratch_model("check")
