@@ -23,19 +23,24 @@ Defaults. The paper's hyperparameter tables could not be read here; the authors'
 momentum 0.9. We take the formula above as written (no momentum) with eta_g = 1, so that FedBuff with
 every update fresh (K = C, tau = 0) is FedAvg with uniform weights; ``algo.server_lr`` and
 ``algo.server_momentum`` (heavy-ball momentum on the server step, m <- beta m + mean, w <- w + eta_g
-m, FLSim's) set the authors' values. Its paper setup turns async mode on.
+m, FLSim's) set the authors' values. ``algo.server_opt=adam|yogi|adagrad`` (with ``beta1``, ``beta2``
+and ``tau``) steps from the buffer's mean instead with FedOpt's adaptive optimisers (Reddi et al.,
+ICLR 2021, Algorithm 2; :mod:`raysim.capabilities.server_opt`): FedBuff with Adam is this setting.
+Its paper setup turns async mode on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
+from raysim.capabilities.server_opt import OptSettings
+from raysim.capabilities.server_opt import server_step as optimiser_step
 from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
 from raysim.registry import DatasetInfo
@@ -48,6 +53,11 @@ from raysim.wire import JobResult, ServerContext
 class FedBuffConfig:
     server_lr: float = setting(1.0, above=0)  # eta_g
     server_momentum: float = setting(0.0, at_least=0, below=1)  # beta (0: the paper's plain step)
+    #: sgd: the step above (with server_momentum); adam, yogi, adagrad: FedOpt's from the buffer's mean
+    server_opt: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"
+    beta1: float = setting(0.9, at_least=0, below=1)
+    beta2: float = setting(0.99, at_least=0, below=1)
+    tau: float = setting(1e-3, above=0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,18 @@ class FedBuff(FedAvg):
                 "fedbuff aggregates asynchronously: it needs deployment.mode=async (its paper setup sets it; "
                 "fedavg is the synchronous run)."
             )
+        defaults = FedBuffConfig()
+        if params.server_opt == "sgd":
+            given = [k for k in ("beta1", "beta2", "tau") if getattr(params, k) != getattr(defaults, k)]
+            if given:
+                raise ConfigError(
+                    f"fedbuff's algo.{given[0]} is an adaptive optimiser's: set algo.server_opt=adam, yogi or adagrad."
+                )
+        elif params.server_momentum > 0:
+            raise ConfigError(
+                f"fedbuff's algo.server_momentum is the sgd step's; algo.server_opt={params.server_opt} keeps its own "
+                "first moment (algo.beta1)."
+            )
 
     def init(self, ctx: ServerContext) -> BuffState:
         return BuffState(ctx.init_weights.select(self.shared_parts))
@@ -102,6 +124,11 @@ class FedBuff(FedAvg):
         assert isinstance(state, BuffState)
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
         p = self.params
+        if p.server_opt != "sgd":  # FedOpt's step from the buffer's uniform mean
+            mean, _ = server_step(state.weights, uploads, 1.0, 0.0, None)
+            opt = OptSettings(p.server_opt, p.server_lr, 0.0, p.beta1, p.beta2, p.tau)
+            weights, state_opt = optimiser_step(state.weights, mean, state.opt, opt)
+            return BuffState(weights, state_opt)
         weights, momentum = server_step(state.weights, uploads, p.server_lr, p.server_momentum, state.momentum)
         return BuffState(weights, momentum=momentum)
 

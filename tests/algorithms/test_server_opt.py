@@ -145,3 +145,48 @@ def test_an_algorithms_own_tau_stays_its_own_and_server_tau_sets_the_adaptivity(
     plain = validate(tiny_config(algo="fedntd", **{"algo.tau": 2.0})).cfg
     assert make_algorithm(plain).params.tau == 2.0
     assert ServerOptimizer.of(make_algorithm(plain)).settings(plain, make_algorithm(plain)).plain
+
+
+def test_fedbuff_with_adam_steps_from_its_buffers_uniform_mean():
+    """FedBuff's server_opt=adam: Adam's step (Algorithm 2) from the buffer's uniform mean (FedBuff's
+    1/K, not FedAvg's data shares), two steps by hand."""
+    from algorithms.fedbuff import BuffState
+
+    cfg = validate(tiny_config(algo="fedbuff", **{"deployment.mode": "async", "algo.server_opt": "adam",
+                                                  "algo.server_lr": 0.1})).cfg  # fmt: skip
+    server = make_algorithm(cfg)
+    results = [
+        JobResult(Job((k,), None), (ClientResult(k, n, 0.0, ModelWeights(head=u.astype(np.float32))),))
+        for k, (u, n) in enumerate(zip(UPLOADS, SIZES, strict=True))
+    ]
+    one = server.aggregate(BuffState(ModelWeights(head=X.astype(np.float32))), 1, results)
+    two = server.aggregate(one, 2, results)
+    f32 = np.float32
+    x = X.astype(f32).astype(np.float64)
+    m, v, want = np.zeros(4), np.full(4, 1e-6), []
+    for _ in range(2):
+        avg = (x + sum(u.astype(f32).astype(np.float64) - x for u in UPLOADS) / 2).astype(f32).astype(np.float64)
+        d = avg - x
+        m = 0.9 * m + 0.1 * d
+        v = 0.99 * v + 0.01 * d * d
+        x = (x + 0.1 * m / (np.sqrt(v) + 1e-3)).astype(f32).astype(np.float64)
+        m, v = m.astype(f32).astype(np.float64), v.astype(f32).astype(np.float64)
+        want.append(x)
+    np.testing.assert_allclose(one.weights.part("head"), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(two.weights.part("head"), want[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"beta1": 0.5}, "set algo.server_opt=adam"),
+        ({"tau": 0.1}, "set algo.server_opt=adam"),
+        ({"server_opt": "adam", "server_momentum": 0.9}, "keeps its own first moment"),
+        ({"server_opt": "nadam"}, "server_opt"),
+    ],
+)
+def test_fedbuffs_optimiser_settings_are_refused_in_one_sentence_where_they_do_not_apply(params, words):
+    cfg = dataclasses.replace(from_dict(ExperimentConfig, {"algo": "fedbuff", "deployment": {"mode": "async"}}), algo_params=params)
+    with pytest.raises(ConfigError, match=words) as err:
+        validate(cfg)
+    assert str(err.value).count(". ") == 0
