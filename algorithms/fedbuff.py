@@ -111,7 +111,7 @@ class FedBuff(FedAvg):
                 raise ConfigError(
                     f"fedbuff's algo.{given[0]} is an adaptive optimiser's: set algo.server_opt=adam, yogi or adagrad."
                 )
-        elif params.server_momentum > 0:
+        elif params.server_momentum != defaults.server_momentum:
             raise ConfigError(
                 f"fedbuff's algo.server_momentum is the sgd step's; algo.server_opt={params.server_opt} keeps its own "
                 "first moment (algo.beta1)."
