@@ -330,6 +330,9 @@ def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRIC
     targets = {c["target"]["metric"] + " ≥ " + _pct(c["target"]["accuracy"]) for c in summary["configs"] if c.get("target")}
     if clocked:  # a simulated deployment (raysim.deployment)
         header.append("sim. time (s)")
+    private = any(c.get("epsilon_mean") is not None for c in summary["configs"])
+    if private:  # differential privacy (raysim.privacy)
+        header.append("epsilon spent")
     if targets:
         header += [f"reached {', '.join(sorted(targets))}", "sim. time to it (s)"]
     header.append("paper")
@@ -351,6 +354,9 @@ def suite_table(summary: dict[str, Any], metrics: Sequence[str] = DEFAULT_METRIC
             ]
         if clocked:
             cells.append(_seconds(c.get("sim_time_mean")))
+        if private:
+            eps = c.get("epsilon_mean")
+            cells.append(MISSING if eps is None else f"{eps:.3f}")
         if targets:
             cells += [c.get("target_reached", MISSING), _seconds(c.get("time_to_target_mean"))]
         cells.append(_md(c.get("paper")))

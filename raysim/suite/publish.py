@@ -16,7 +16,9 @@
 - ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band;
   where the trials ran a simulated deployment whose devices take time, also
   ``accuracy_<metric>_sim_time.png``, the same against the simulated clock (and the table gains the
-  simulated time, and with ``eval.target`` the simulated time to the target);
+  simulated time, and with ``eval.target`` the simulated time to the target); where the trials ran
+  under differential privacy the table gains each configuration's epsilon spent (its summary's
+  ``epsilon_mean``: the trials' ``epsilon``, mean over seeds);
 - where the suite file has ``against`` (:mod:`raysim.suite.against`): a table per metric of each
   series' final value against a setting, the privacy each trial spent where it ran under DP, and
   ``against_<axis>_<metric>.png``.

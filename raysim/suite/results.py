@@ -77,6 +77,9 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
                 "sim_time_s": trial_rows[-1].get("sim_time_s") if trial_rows else None,
                 "target": run_summary.get("target"),
                 "time_to_target_s": run_summary.get("time_to_target_s"),
+                # differential privacy (raysim.privacy): the epsilon the trial spent, client-level
+                # or (DP-SGD) the largest over its clients
+                "epsilon": run_summary.get("epsilon", run_summary.get("example_epsilon")),
             }
         )
         for row in trial_rows:
@@ -100,6 +103,7 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
             "paper": papers[name],
             "equal_compute": sorted(paired.get(name, ())),
             **_clock(runs),
+            **_privacy(runs),
         }
         for name, runs in sorted(groups.items(), key=lambda kv: _order(suite, kv[0]))
     ]
@@ -156,6 +160,13 @@ def _order(suite: Suite, group: str) -> tuple[int, str]:
         if group == name or group.startswith(f"{name}-seed"):
             return i, group
     return len(names), group
+
+
+def _privacy(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A configuration's epsilon spent, the mean over its seeds' summaries (each trial's
+    ``epsilon``, or under DP-SGD its ``example_epsilon``): only where its trials ran under DP."""
+    spent = [float(r["epsilon"]) for r in runs if r.get("epsilon") is not None]
+    return {"epsilon_mean": float(np.mean(spent))} if spent else {}
 
 
 def _clock(runs: list[dict[str, Any]]) -> dict[str, Any]:

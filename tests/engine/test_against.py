@@ -66,6 +66,14 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
     run = json.loads((suite_dir / "runs" / "fedper_eps20-seed0" / "summary.json").read_text())
     spent = [line for line in section.splitlines() if line.startswith("| fedper |") and "," in line][-1]
     assert f"{run['noise_multiplier']:.3f}, {run['epsilon']:.3f} | – |" in spent and 0 < run["epsilon"] <= 20
+    # the suite's own table gives each configuration's epsilon spent, its summary's mean over seeds
+    table = page.split("## Results")[1].split("<details>")[0]
+    assert "epsilon spent" in table
+    def cells(config: str) -> list[str]:
+        row = next(line for line in table.splitlines() if line.startswith(f"| {config} |"))
+        return [c.strip() for c in row.strip("|").split(" | ")]
+
+    assert cells("fedper_eps20")[-2] == f"{run['epsilon']:.3f}" and cells("fedper_inf")[-2] == "–"  # (then the paper's)
     assert (out / "against_epsilon_gm_gtest.png").stat().st_size > 5000
     assert (out / "against_epsilon_lm_ptest.png").is_file()
 
