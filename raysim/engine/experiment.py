@@ -113,7 +113,7 @@ def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks]) -> Any:
     and the class's ``aliases`` name other fields."""
     names = {**KEYWORD_PARAMS, **cls.aliases}
     raw = {names.get(k, k): v for k, v in cfg.algo_params.items()}
-    # taken by the engine's mechanisms ("-FT", added regularisers), not by the Config
+    # taken by the engine's mechanisms ("-FT", added regularisers, server optimisers), not by the Config
     _check_engine_params({k: raw.pop(k) for k in engine_params(cls) if k in raw}, cls)
     params = from_dict(cls.Config, raw, where="algo")
     cls.check(cfg, params)
