@@ -226,3 +226,13 @@ def test_feddyn_under_dp_takes_both_server_steps_from_one_noised_sum(tmp_path):
     plain, private, _, _ = _states(tmp_path, "feddyn", **{"privacy.clip": "1e6"})
     np.testing.assert_allclose(_flat(private.h), _flat(plain.h), atol=1e-7)
     np.testing.assert_allclose(_flat(private.weights), _flat(plain.weights), atol=1e-6)
+
+
+@pytest.mark.ray
+def test_fed3p2_under_dp_is_the_same_on_serial_and_ray(tmp_path, ray_local):
+    """The server actor makes the groups' fresh filters and the noised label rows as the serial
+    server does: phase 1 and phase 2, with noise."""
+    from tests.conftest import assert_serial_equals_ray
+
+    setup = {**SETUP, "privacy.noise_multiplier": 0.3, "rounds": 2, "eval.every": 1}
+    assert_serial_equals_ray(tmp_path, **setup)
