@@ -19,6 +19,8 @@
   simulated time, and with ``eval.target`` the simulated time to the target); where the trials ran
   under differential privacy the table gains each configuration's epsilon spent (its summary's
   ``epsilon_mean``: the trials' ``epsilon``, mean over seeds);
+- where the suite file has ``regimes`` (:mod:`raysim.suite.regimes`): a table per regime, sorted by
+  one metric, the global and the local models side by side, the rows near chance named;
 - where the suite file has ``against`` (:mod:`raysim.suite.against`): a table per metric of each
   series' final value against a setting, the privacy each trial spent where it ran under DP, and
   ``against_<axis>_<metric>.png``.
@@ -53,6 +55,17 @@ BUDGET_KEYS = (
     "train.batch_size",
     "train.lr",
 )
+
+
+def _num_classes(base: dict[str, Any]) -> int | None:
+    """The classes of the suite's dataset (for what chance is), or None where it cannot be told."""
+    from raysim.config import DataConfig
+    from raysim.registry import DATASETS
+
+    name = base.get("data.dataset")
+    if name is None or name not in DATASETS:
+        return None
+    return int(DATASETS.get(str(name)).num_classes(DataConfig(dataset=str(name))))
 
 
 def _budget(base: dict[str, Any], summary: dict[str, Any]) -> list[str]:
@@ -216,7 +229,7 @@ def publish(
         configs = [{"name": c.name} for c in load_suite(Path(suite_file)).configs]
         spec = {
             **spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting"),
-            "against": given.get("against"),
+            "against": given.get("against"), "regimes": given.get("regimes"),
         }  # fmt: skip
     description = spec.get("description", "")
     parts = [
@@ -254,6 +267,11 @@ def publish(
             "</details>",
             "",
         ]
+    if spec.get("regimes") is not None:  # tables by regime, sorted (raysim.suite.regimes)
+        from raysim.suite.regimes import parse_regimes, regime_sections
+
+        regimes = parse_regimes(spec["regimes"], [c["config"] for c in summary["configs"]], str(src / "suite.yaml"))
+        parts += regime_sections(regimes, summary, _num_classes(spec.get("base", {})))
     if spec.get("against") is not None:  # series against a setting (raysim.suite.against)
         from raysim.suite.against import against_sections, parse_against
 

@@ -126,6 +126,8 @@ class Suite:
     paper_setting: Mapping[str, Any] = field(default_factory=dict)
     #: the page's series against a setting, the suite file's entry as checked (raysim.suite.against)
     against: Mapping[str, Any] | None = None
+    #: the page's tables by regime, the suite file's entry as checked (raysim.suite.regimes)
+    regimes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,7 @@ def load_suite(path: str | Path) -> Suite:
     data = load_config_file(path)
     known = {
         "name", "description", "base", "configs", "grid", "seeds", "search", "scheduler", "driver_cpus",
-        "equal_compute", "claims", "paper_setting", "against",
+        "equal_compute", "claims", "paper_setting", "against", "regimes",
     }  # fmt: skip
     unknown = sorted(set(data) - known)
     if unknown:
@@ -288,6 +290,11 @@ def load_suite(path: str | Path) -> Suite:
 
         parse_against(data["against"], [c.name for c in suite.configs], str(path))
         suite = dataclasses.replace(suite, against=dict(data["against"]))
+    if data.get("regimes") is not None:  # the page's tables by regime (raysim.suite.regimes)
+        from raysim.suite.regimes import parse_regimes
+
+        parse_regimes(data["regimes"], [c.name for c in suite.configs], str(path))
+        suite = dataclasses.replace(suite, regimes=dict(data["regimes"]))
     return paper_of(suite, data, str(path))
 
 
@@ -683,6 +690,8 @@ def to_yaml(suite: Suite) -> dict[str, Any]:
         out["paper_setting"] = dict(suite.paper_setting)
     if suite.against is not None:
         out["against"] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in suite.against.items()}
+    if suite.regimes is not None:
+        out["regimes"] = {k: dict(v) if isinstance(v, Mapping) else (list(v) if isinstance(v, (list, tuple)) else v) for k, v in suite.regimes.items()}
     return out
 
 

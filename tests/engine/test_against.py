@@ -14,6 +14,7 @@ import pytest
 from raysim.commands.console import main as console_main
 from raysim.errors import ConfigError
 from raysim.suite.against import parse_against
+from raysim.suite.regimes import parse_regimes
 from tests.engine.test_publish import make_suite_dir
 
 CONFIGS = ["fedavg_inf", "fedavg_eps2", "fedper_inf", "fedper_eps2", "local_inf"]
@@ -43,6 +44,10 @@ configs:
 against:
   axis: epsilon
   suffixes: {eps20: 20, inf: .inf}
+  metrics: [gm_gtest, lm_ptest]
+regimes:
+  suffixes: {inf: "no DP", eps20: "epsilon 20"}
+  sort: lm_ptest
   metrics: [gm_gtest, lm_ptest]
 """
 
@@ -75,6 +80,20 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
 
     assert cells("fedper_eps20")[-2] == f"{run['epsilon']:.3f}" and cells("fedper_inf")[-2] == "–"  # (then the paper's)
     assert (out / "against_epsilon_gm_gtest.png").stat().st_size > 5000
+    # by regime (raysim/suite/regimes.py): rows sorted by lm_ptest, FedAvg (none) after FedPer, the
+    # values summary.json's, and the rows near chance (10 classes: every accuracy below 15%) named
+    by_regime = page.split("## By regime")[1].split("\n## ")[0]
+    for suffix, title in (("inf", "no DP"), ("eps20", "epsilon 20")):
+        block = by_regime.split(f"### {title}")[1].split("### ")[0]
+        rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines() if line.startswith("| fed")]
+        assert [r[0] for r in rows] == ["fedper", "fedavg"]
+        for name, *cells in rows:
+            c = summary[f"{name}_{suffix}"]
+            for cell, m in zip(cells, ("gm_gtest", "lm_ptest"), strict=True):
+                v = c["mean"][m]
+                assert cell == ("–" if v is None else f"{100 * v:.2f} ± {100 * c['std'][m]:.2f}")
+        near = [n for n in ("fedper", "fedavg") if all(v < 1 / 10 + 0.05 for v in (summary[f"{n}_{suffix}"]["mean"][m] for m in ("gm_gtest", "lm_ptest")) if v is not None)]
+        assert ("Near chance" in block) == bool(near) and all(n in block.split("Near chance")[-1] for n in near)
     assert (out / "against_epsilon_lm_ptest.png").is_file()
 
 
@@ -104,3 +123,22 @@ def test_a_suffix_places_a_configuration_by_the_longest_match() -> None:
     against = parse_against({"axis": "q", "suffixes": {"q1": 0.1, "q01": 0.01}}, ["a_q01", "b_q1", "c"], "x")
     assert against.place("a_q01") == ("a", 0.01) and against.place("b_q1") == ("b", 0.1)
     assert against.place("c") is None and against.place("_q1") is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("dir01", "is a mapping"),
+        ({"suffixes": {"inf": "no DP"}, "order": "up"}, "Unknown key 'order'"),
+        ({"suffixes": []}, "maps name suffixes"),
+        ({"suffixes": {"in_f": "no DP"}}, "is not a name suffix"),
+        ({"suffixes": {"inf": 3}}, "title is a text"),
+        ({"suffixes": {"inf": "no DP"}, "sort": "lm_test"}, "'lm_test' is not one of"),
+        ({"suffixes": {"inf": "no DP"}, "metrics": "gm_gtest"}, "is a list of metrics"),
+        ({"suffixes": {"dir01": "Dir(0.1)"}}, "place no configuration"),
+    ],
+)
+def test_a_wrong_regimes_entry_is_refused_in_one_sentence(entry, words) -> None:
+    with pytest.raises(ConfigError, match=words) as err:
+        parse_regimes(entry, CONFIGS, "tiny.yaml")
+    assert str(err.value).count(". ") == 0

@@ -1,0 +1,140 @@
+"""A suite's configurations read as rows of a table per regime, sorted: the page of every algorithm
+under a few data regimes (``suites/pfl_benchmark.yaml``), with the global and the local models'
+accuracies side by side.
+
+A suite file's ``regimes`` names the regimes by the suffix of the configurations' names, the metric
+each table is sorted by (descending), and the metrics it shows::
+
+    regimes:
+      suffixes: {dir01: "Dir(0.1)", pat2: "pathological:2", rot4: "rotate:4"}
+      sort: lm_ptest
+      metrics: [gm_gtest, gm_ptest, lm_ptest, new_gm_ptest, new_lm_ptest]
+
+A configuration named ``ROW_SUFFIX`` (``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. A row
+without the sort metric (an algorithm without local models, sorted by ``lm_ptest``) follows the
+others, sorted by its first metric present. Each table's rows whose every accuracy shown is within
+5 points of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or
+learned nothing, which a reader of a leaderboard must not take for a ranking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raysim.errors import ConfigError
+
+KEYS = ("suffixes", "sort", "metrics")
+#: a row is near chance when every accuracy it shows is below chance plus this
+NEAR_CHANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """``suffixes``: each regime's name suffix and its title, in order; ``sort``: the metric the rows
+    are sorted by; ``metrics``: the columns."""
+
+    suffixes: tuple[tuple[str, str], ...]
+    sort: str
+    metrics: tuple[str, ...]
+
+    def place(self, config: str) -> tuple[str, str] | None:
+        """(row, regime suffix) of a configuration's name, or None (the longest suffix wins)."""
+        for suffix, _ in sorted(self.suffixes, key=lambda st: -len(st[0])):
+            if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
+                return config[: -len(suffix) - 1], suffix
+        return None
+
+
+def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
+    """The suite file's ``regimes`` entry, each mistake refused in one sentence."""
+    from raysim.results.report import DEFAULT_METRICS
+
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"regimes in {where} is a mapping of suffixes, sort and metrics, not {data!r}.")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"Unknown key {unknown[0]!r} in regimes of {where} (known: {', '.join(KEYS)}).")
+    suffixes = data.get("suffixes")
+    if not isinstance(suffixes, Mapping) or not suffixes:
+        raise ConfigError(f"regimes.suffixes in {where} maps name suffixes to titles (such as {{dir01: Dir(0.1)}}).")
+    for suffix, title in suffixes.items():
+        if not isinstance(suffix, str) or not suffix or "_" in suffix:
+            raise ConfigError(f"regimes.suffixes in {where}: {suffix!r} is not a name suffix (letters and digits, no '_').")
+        if not isinstance(title, str) or not title:
+            raise ConfigError(f"regimes.suffixes in {where}: {suffix}'s title is a text, not {title!r}.")
+    metrics = data.get("metrics", ["gm_gtest", "gm_ptest", "lm_ptest"])
+    if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
+        raise ConfigError(f"regimes.metrics in {where} is a list of metrics (such as [gm_gtest, lm_ptest]), not {metrics!r}.")
+    sort = data.get("sort", metrics[0] if metrics else None)
+    for m in [*metrics, sort]:
+        if m not in DEFAULT_METRICS:
+            raise ConfigError(f"regimes in {where}: {m!r} is not one of {', '.join(DEFAULT_METRICS)}.")
+    out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), str(sort), tuple(metrics))
+    if not any(out.place(c) for c in configs):
+        raise ConfigError(
+            f"regimes.suffixes in {where} place no configuration: name them ROW_SUFFIX (such as fedavg_{next(iter(suffixes))})."
+        )
+    return out
+
+
+def regime_sections(regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None) -> list[str]:
+    """The page's section: a table per regime, its rows sorted by ``regimes.sort`` (descending), the
+    final values mean ± std over seeds, in %; beneath each, the rows near chance."""
+    from raysim.results.report import MISSING
+
+    chance = 1.0 / num_classes if num_classes else None
+    parts = [
+        "## By regime",
+        "",
+        f"Each regime's rows sorted by final `{regimes.sort}` (mean over seeds; rows without it last), the "
+        "global and the local models side by side: the final value, mean ± std over seeds, in %.",
+        "",
+    ]
+    for suffix, title in regimes.suffixes:
+        rows = []
+        for c in summary["configs"]:
+            placed = regimes.place(str(c["config"]))
+            if placed is not None and placed[1] == suffix:
+                rows.append((placed[0], c))
+        if not rows:
+            continue
+
+        def key(row: tuple[str, Mapping[str, Any]]) -> tuple[int, float]:
+            c = row[1]
+            value = c["mean"].get(regimes.sort)
+            if value is not None:
+                return (0, -float(value))
+            first = next((c["mean"][m] for m in regimes.metrics if c["mean"].get(m) is not None), None)
+            return (1, -float(first) if first is not None else 0.0)
+
+        rows.sort(key=key)
+        parts += [
+            f"### {title}",
+            "",
+            "| | " + " | ".join(regimes.metrics) + " |",
+            "|---|" + "---|" * len(regimes.metrics),
+        ]
+        near = []
+        for name, c in rows:
+            values = [c["mean"].get(m) for m in regimes.metrics]
+            cells = [
+                MISSING if v is None else f"{100 * float(v):.2f} ± {100 * float(c['std'].get(m) or 0.0):.2f}"
+                for m, v in zip(regimes.metrics, values, strict=True)
+            ]
+            parts.append(f"| {name} | " + " | ".join(cells) + " |")
+            shown = [float(v) for v in values if v is not None]
+            if chance is not None and shown and all(v < chance + NEAR_CHANCE for v in shown):
+                near.append(name)
+        parts.append("")
+        if near and chance is not None:
+            parts += [
+                f"Near chance ({100 * chance:.0f}% for {num_classes} classes; every accuracy shown within "
+                f"{100 * NEAR_CHANCE:.0f} points of it): {', '.join(near)}.",
+                "",
+            ]
+    return parts
+
+
+__all__ = ["Regimes", "parse_regimes", "regime_sections"]
