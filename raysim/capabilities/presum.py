@@ -45,15 +45,22 @@ class Presum(Capability):
         object.__setattr__(self, "owner", owner)
 
     @classmethod
+    def averages(cls, algorithm: Any) -> bool:
+        """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every
+        upload: it declares the capability and uses the ``aggregate`` of the class that declared it
+        (a subclass with its own aggregate does not average)."""
+        klass = algorithm if isinstance(algorithm, type) else type(algorithm)
+        found = cls.of(klass)
+        return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+
+    @classmethod
     def applies(cls, algorithm: Any, cfg: ExperimentConfig) -> bool:
         """Whether ``algorithm``'s rounds (class or object) may be summed on the workers under ``cfg``."""
         from raysim.deployment.model import apply_preset
 
         klass = algorithm if isinstance(algorithm, type) else type(algorithm)
-        found = cls.of(klass)
         return (
-            found.declared
-            and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
+            cls.averages(klass)
             and bool(getattr(klass, "shared_parts", ()))
             and not getattr(klass, "pinned", True)
             and apply_preset(cfg).deployment.ideal  # a named deployment's settings, where a preset is given

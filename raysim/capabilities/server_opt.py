@@ -84,24 +84,15 @@ class ServerOptimizer(Capability):
     def applies(cls, algorithm: Any) -> bool:
         """Whether ``algorithm`` (class or object) takes the ``algo.server_opt`` settings: it declares
         the capability and its aggregate is the averaging one that declared ``Presum``."""
-        klass = algorithm if isinstance(algorithm, type) else type(algorithm)
-        presum = Presum.of(klass)
-        return (
-            cls.of(klass).declared
-            and presum.declared
-            and getattr(klass, "aggregate", None) is getattr(presum.owner, "aggregate", object())
-        )
+        return cls.of(algorithm).declared and Presum.averages(algorithm)
 
     def settings(self, cfg: ExperimentConfig, algorithm: Any) -> OptSettings:
         """The run's optimiser: ``algo.server_opt`` and its settings where given, else this
         declaration's defaults; a name ``algorithm``'s own Config has is the algorithm's (MOON's
         ``tau``), not the optimiser's."""
-        import dataclasses
+        from raysim.capabilities.settings import config_fields, engine_settings
 
-        from raysim.capabilities.settings import engine_settings
-
-        config = getattr(algorithm, "Config", None)
-        own = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        own = config_fields(algorithm)
         p = engine_settings({k: v for k, v in cfg.algo_params.items() if k not in own})
 
         def pick(given: Any, default: Any) -> Any:

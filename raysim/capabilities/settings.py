@@ -50,10 +50,28 @@ class EngineParams:
     server_tau: float | None = setting(None, above=0)
 
 
+def config_fields(algorithm: Any) -> set[str]:
+    """The names of ``algorithm``'s (class or object) own Config fields: an engine setting of the
+    same name stays the algorithm's (MOON's and FedNTD's ``tau``)."""
+    import dataclasses
+
+    config = getattr(algorithm, "Config", None)
+    return {f.name for f in dataclasses.fields(config)} if isinstance(config, type) and dataclasses.is_dataclass(config) else set()
+
+
 def engine_settings(algo_params: Any) -> EngineParams:
     """The engine's settings among an experiment's ``algo_params`` (the rest are the Config's)."""
     names = FT_PARAMS + REG_PARAMS + OPT_PARAMS
     return from_dict(EngineParams, {k: v for k, v in algo_params.items() if k in names}, where="algo")
 
 
-__all__ = ["FT_PARAMS", "OPT_PARAMS", "REG_NAMES", "REG_PARAMS", "EngineParams", "RegName", "engine_settings"]
+__all__ = [
+    "FT_PARAMS",
+    "OPT_PARAMS",
+    "REG_NAMES",
+    "REG_PARAMS",
+    "EngineParams",
+    "RegName",
+    "config_fields",
+    "engine_settings",
+]

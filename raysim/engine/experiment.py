@@ -24,7 +24,7 @@ from raysim.capabilities.batching import Batching
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.regularizers import Regularizable
 from raysim.capabilities.server_opt import ServerOptimizer
-from raysim.capabilities.settings import FT_PARAMS, OPT_PARAMS, REG_PARAMS, engine_settings
+from raysim.capabilities.settings import FT_PARAMS, OPT_PARAMS, REG_PARAMS, config_fields, engine_settings
 from raysim.config import ExperimentConfig, from_dict, merge, set_dotted
 from raysim.deployment.model import apply_preset, preset_settings
 from raysim.deployment.model import check as check_deployment
@@ -70,8 +70,7 @@ def engine_params(cls: type) -> tuple[str, ...]:
     """The ``algo.*`` settings the engine's mechanisms take for the algorithm class ``cls``; a name
     the algorithm's own Config has stays the algorithm's (MOON's and FedNTD's ``tau``: their server
     optimiser's adaptivity is ``server_tau``)."""
-    config = getattr(cls, "Config", None)
-    own = {f.name for f in dataclasses.fields(config)} if isinstance(config, type) and dataclasses.is_dataclass(config) else set()
+    own = config_fields(cls)
     return (
         (FT_PARAMS if FineTune.of(cls).declared else ())
         + (REG_PARAMS if Regularizable.of(cls).declared else ())

@@ -16,20 +16,12 @@ from raysim.errors import ConfigError
 from raysim.privacy import client_level, dp_sgd
 
 
-def averages(algorithm: Any) -> bool:
-    """Whether ``algorithm``'s (class or object) aggregate is the size-weighted mean of every upload
-    of shared weights: declared with :class:`~raysim.capabilities.presum.Presum` on the class whose
-    ``aggregate`` it uses; then client-level DP's noised mean is a private release of its round."""
-    klass = algorithm if isinstance(algorithm, type) else type(algorithm)
-    found = Presum.of(klass)
-    return found.declared and getattr(klass, "aggregate", None) is getattr(found.owner, "aggregate", object())
-
-
 def eligible(algorithm: Any) -> bool:
     """Whether client-level DP can protect ``algorithm`` (class or object): its aggregate averages
-    the uploads (:func:`averages`), or it makes its own release
+    the uploads (:meth:`~raysim.capabilities.presum.Presum.averages`: then the noised mean is a
+    private release of its round), or it makes its own release
     (:class:`~raysim.capabilities.private_release.PrivateRelease`)."""
-    return averages(algorithm) or PrivateRelease.of(algorithm).declared
+    return Presum.averages(algorithm) or PrivateRelease.of(algorithm).declared
 
 
 def released_statistics(cfg: ExperimentConfig, algorithm: Any, params: Any = None) -> int:
@@ -139,7 +131,6 @@ def privacy_summary(
 
 
 __all__ = [
-    "averages",
     "check_client_level",
     "check_sample_level",
     "eligible",

@@ -41,12 +41,34 @@ class Against:
     metrics: tuple[str, ...]
 
     def place(self, config: str) -> tuple[str, float] | None:
-        """(series, value) of a configuration's name, or None where it ends in no suffix (the
-        longest suffix that matches wins)."""
-        for suffix, value in sorted(self.values, key=lambda sv: -len(sv[0])):
-            if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
-                return config[: -len(suffix) - 1], value
-        return None
+        """(series, value) of a configuration's name, or None where it ends in no suffix."""
+        found = split_suffix(config, [s for s, _ in self.values])
+        return None if found is None else (found[0], dict(self.values)[found[1]])
+
+
+def split_suffix(config: str, suffixes: Sequence[str]) -> tuple[str, str] | None:
+    """(prefix, suffix) of a configuration named PREFIX_SUFFIX for one of ``suffixes`` (the longest
+    that matches wins), or None."""
+    for suffix in sorted(suffixes, key=lambda s: -len(s)):
+        if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
+            return config[: -len(suffix) - 1], suffix
+    return None
+
+
+def check_entry(data: Any, name: str, keys: Sequence[str], where: str) -> None:
+    """A page entry of a suite file (``against``, ``regimes``) is a mapping of ``keys`` and no other,
+    refused in one sentence otherwise."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{name} in {where} is a mapping of {', '.join(keys[:-1])} and {keys[-1]}, not {data!r}.")
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise ConfigError(f"Unknown key {unknown[0]!r} in {name} of {where} (known: {', '.join(keys)}).")
+
+
+def check_suffix(suffix: Any, name: str, where: str) -> None:
+    """A name suffix of a page entry's ``suffixes``: letters and digits, no '_'."""
+    if not isinstance(suffix, str) or not suffix or "_" in suffix:
+        raise ConfigError(f"{name}.suffixes in {where}: {suffix!r} is not a name suffix (letters and digits, no '_').")
 
 
 def parse_against(data: Any, configs: Sequence[str], where: str) -> Against:
@@ -55,11 +77,7 @@ def parse_against(data: Any, configs: Sequence[str], where: str) -> Against:
     and suffixes that place no configuration."""
     from raysim.results.report import DEFAULT_METRICS
 
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"against in {where} is a mapping of axis, suffixes and metrics, not {data!r}.")
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"Unknown key {unknown[0]!r} in against of {where} (known: {', '.join(KEYS)}).")
+    check_entry(data, "against", KEYS, where)
     axis = data.get("axis")
     if not isinstance(axis, str) or not axis.strip():
         raise ConfigError(f"against.axis in {where} names the setting on the axis (such as epsilon), not {axis!r}.")
@@ -68,8 +86,7 @@ def parse_against(data: Any, configs: Sequence[str], where: str) -> Against:
         raise ConfigError(f"against.suffixes in {where} maps name suffixes to numbers (such as {{eps1: 1, inf: .inf}}).")
     values = []
     for suffix, value in suffixes.items():
-        if not isinstance(suffix, str) or not suffix or "_" in suffix:
-            raise ConfigError(f"against.suffixes in {where}: {suffix!r} is not a name suffix (letters and digits, no '_').")
+        check_suffix(suffix, "against", where)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise ConfigError(f"against.suffixes in {where}: {suffix}'s value is a number (.inf allowed), not {value!r}.")
         values.append((suffix, float(value)))
@@ -209,4 +226,4 @@ def against_sections(against: Against, summary: Mapping[str, Any], suite_dir: Pa
     return parts, pngs
 
 
-__all__ = ["Against", "against_sections", "parse_against"]
+__all__ = ["Against", "against_sections", "check_entry", "check_suffix", "parse_against", "split_suffix"]

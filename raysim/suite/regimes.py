@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysim.errors import ConfigError
+from raysim.suite.against import check_entry, check_suffix, split_suffix
 
 KEYS = ("suffixes", "sort", "metrics")
 #: a row is near chance when every accuracy it shows is below chance plus this
@@ -41,27 +42,19 @@ class Regimes:
 
     def place(self, config: str) -> tuple[str, str] | None:
         """(row, regime suffix) of a configuration's name, or None (the longest suffix wins)."""
-        for suffix, _ in sorted(self.suffixes, key=lambda st: -len(st[0])):
-            if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
-                return config[: -len(suffix) - 1], suffix
-        return None
+        return split_suffix(config, [s for s, _ in self.suffixes])
 
 
 def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
     """The suite file's ``regimes`` entry, each mistake refused in one sentence."""
     from raysim.results.report import DEFAULT_METRICS
 
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"regimes in {where} is a mapping of suffixes, sort and metrics, not {data!r}.")
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"Unknown key {unknown[0]!r} in regimes of {where} (known: {', '.join(KEYS)}).")
+    check_entry(data, "regimes", KEYS, where)
     suffixes = data.get("suffixes")
     if not isinstance(suffixes, Mapping) or not suffixes:
         raise ConfigError(f"regimes.suffixes in {where} maps name suffixes to titles (such as {{dir01: Dir(0.1)}}).")
     for suffix, title in suffixes.items():
-        if not isinstance(suffix, str) or not suffix or "_" in suffix:
-            raise ConfigError(f"regimes.suffixes in {where}: {suffix!r} is not a name suffix (letters and digits, no '_').")
+        check_suffix(suffix, "regimes", where)
         if not isinstance(title, str) or not title:
             raise ConfigError(f"regimes.suffixes in {where}: {suffix}'s title is a text, not {title!r}.")
     metrics = data.get("metrics", ["gm_gtest", "gm_ptest", "lm_ptest"])

@@ -26,6 +26,14 @@ def test_sgd_at_rate_one_and_sgdm_without_momentum_are_fedavg_to_the_bit(tmp_pat
         assert rows == fedavg, name
 
 
+def _uploads(uploads, sizes):
+    """One job a client, each uploading its head ``u`` with its ``n`` training samples."""
+    return [
+        JobResult(Job((k,), None), (ClientResult(k, n, 0.0, ModelWeights(head=u.astype(np.float32))),))
+        for k, (u, n) in enumerate(zip(uploads, sizes, strict=True))
+    ]
+
+
 def _round(algo, x, uploads, sizes, **settings):
     """The server state after one round of ``algo`` from ``x`` with these uploads, and the next
     after a second round with the same uploads."""
@@ -33,10 +41,7 @@ def _round(algo, x, uploads, sizes, **settings):
     server = make_algorithm(cfg)
     from algorithms.fedavg import GlobalState
 
-    results = [
-        JobResult(Job((k,), None), (ClientResult(k, n, 0.0, ModelWeights(head=u.astype(np.float32))),))
-        for k, (u, n) in enumerate(zip(uploads, sizes, strict=True))
-    ]
+    results = _uploads(uploads, sizes)
     one = server.aggregate(GlobalState(ModelWeights(head=x.astype(np.float32))), 1, results)
     two = server.aggregate(one, 2, results)
     return one, two
@@ -155,10 +160,7 @@ def test_fedbuff_with_adam_steps_from_its_buffers_uniform_mean():
     cfg = validate(tiny_config(algo="fedbuff", **{"deployment.mode": "async", "algo.server_opt": "adam",
                                                   "algo.server_lr": 0.1})).cfg  # fmt: skip
     server = make_algorithm(cfg)
-    results = [
-        JobResult(Job((k,), None), (ClientResult(k, n, 0.0, ModelWeights(head=u.astype(np.float32))),))
-        for k, (u, n) in enumerate(zip(UPLOADS, SIZES, strict=True))
-    ]
+    results = _uploads(UPLOADS, SIZES)
     one = server.aggregate(BuffState(ModelWeights(head=X.astype(np.float32))), 1, results)
     two = server.aggregate(one, 2, results)
     f32 = np.float32
