@@ -91,6 +91,7 @@ def mixed(v: ModelWeights, w: ModelWeights, alpha: float) -> ModelWeights:
 @register("apfl")
 class APFL(AveragedWeights):
     """FedAvg's server; each client trains w, its personal v_k on the mixed model, and alpha_k."""
+    family = "personal"
 
     example_privacy = (
         'it steps its personal model and its mixing weight in a loop of its own, which DP-SGD does not run'

@@ -73,6 +73,9 @@ class Algorithm(Generic[StateT]):
     #: which metrics apply (the others are reported as null)
     has_global_model: ClassVar[bool] = True
     has_personal_model: ClassVar[bool] = False
+    #: the family its curves are coloured by on the results pages (raysim.results.curves.FAMILIES):
+    #: global, fixed_head, split, prototypes, personal, clustered, local, or other
+    family: ClassVar[str] = "other"
     #: other names of Config fields (``--set algo.NAME=...``); ``algo.lambda`` always sets ``lam``
     aliases: ClassVar[dict[str, str]] = {}
     #: sample-level DP (``privacy.example_clip``, raysim.privacy.dp_sgd): None where DP-SGD covers

@@ -59,6 +59,7 @@ def flat(w: ModelWeights) -> np.ndarray:
 
 @register("cfl")
 class CFL(ClusteredFL):
+    family = "clustered"
     Config = CFLConfig
 
     def aggregate(self, state: ClusterState, rnd: int, results: Sequence[JobResult]) -> ClusterState:

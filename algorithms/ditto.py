@@ -33,6 +33,7 @@ class DittoConfig:
 
 @register("ditto")
 class Ditto(AveragedWeights):
+    family = "personal"
     Config = DittoConfig
     has_global_model = True
     has_personal_model = True

@@ -209,6 +209,7 @@ class Fed3p2(Algorithm[Fed3p2State]):
     #: step (and phase 1 without coordinators as FedAvg); phase 2's clients of one Type-B group (or
     #: all, with personal filters) train their filters and P-heads together, each from its own
     #: (two_phase=false likewise); these jobs are pinned, and a batch runs on one home worker
+    family = "split"
     batching = Batching(pinned=True)
     asynchronous = Asynchronous(
         why_not="its phase-1 chains pass one model from client to client within a round and its phase-2 filters are "

@@ -182,6 +182,7 @@ def learn_weights(
 @register("fedala")
 class FedALA(AveragedWeights):
     """FedAvg's server; each client's adaptive local aggregation, then E epochs, on its home worker."""
+    family = "personal"
 
     example_privacy = (
         "its adaptive local aggregation learns its weights with gradient steps of its own on the client's data"

@@ -80,6 +80,7 @@ def attention(models: Sequence[ModelWeights | None], i: int, alpha_k: float, sig
 
 @register("fedamp")
 class FedAMP(Algorithm[AMPState]):
+    family = "personal"
     Config = FedAMPConfig
     has_global_model = False
     has_personal_model = True

@@ -90,6 +90,7 @@ class FedASConfig:
 class FedAS(AveragedWeights):
     """Shared body, weighted by the clients' Fisher traces; personal head and local model on the
     home worker; each sampled client aligns the received body to its previous model's prototypes."""
+    family = "split"
 
     example_privacy: ClassVar[str | None] = (
         "its parameter alignment and its Fisher trace read the client's data outside the shared training loop"

@@ -65,6 +65,7 @@ def mix(current: ModelWeights, upload: ModelWeights, alpha_t: float) -> ModelWei
 
 @register("fedasync")
 class FedAsync(FedProx):
+    family = "global"
     Config = FedAsyncConfig  # type: ignore[assignment]
     asynchronous = Asynchronous(rebase=False)
 

@@ -94,6 +94,7 @@ class AveragedWeights(Algorithm[GlobalState]):
 
 @register("fedavg")
 class FedAvg(AveragedWeights):
+    family = "global"
     finetune = FineTune()  # FedAvg-FT with algo.ft_epochs (and FedProx, FedNTD, FedExP)
     regularizers = Regularizable()  # e.g. FedAvg+FD with algo.regularizers=[fd]
     batching = Batching()  # (and FedProx, FedNTD, FedExP): every client's loss is the payload's
@@ -119,6 +120,7 @@ class FedAvg(AveragedWeights):
 @register("fedavgm")
 class FedAvgM(FedAvg):
     """FedAvgM (Hsu, Qi and Brown 2019, Sec. 3): FedAvg with server momentum beta = 0.9 at rate 1."""
+    family = "global"
 
     server_opt = ServerOptimizer("sgdm", lr=1.0, momentum=0.9)
 
@@ -126,6 +128,7 @@ class FedAvgM(FedAvg):
 @register("fedadam")
 class FedAdam(FedAvg):
     """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, beta2 0.99, tau 1e-3."""
+    family = "global"
 
     server_opt = ServerOptimizer("adam", lr=0.1)
 
@@ -133,6 +136,7 @@ class FedAdam(FedAvg):
 @register("fedyogi")
 class FedYogi(FedAvg):
     """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): eta 0.01, beta1 0.9, beta2 0.99, tau 1e-3."""
+    family = "global"
 
     server_opt = ServerOptimizer("yogi", lr=0.01)
 
@@ -140,6 +144,7 @@ class FedYogi(FedAvg):
 @register("fedadagrad")
 class FedAdagrad(FedAvg):
     """FedAdagrad (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, tau 1e-3."""
+    family = "global"
 
     server_opt = ServerOptimizer("adagrad", lr=0.1)
 

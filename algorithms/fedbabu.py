@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 @register("fedbabu")
 class FedBABU(FrozenHead):
+    family = "fixed_head"
     example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     #: FedBABU-FT fine-tunes the whole model, with cross-entropy
     finetune = FineTune(parts=(*BODY, "head"), default_epochs=None)

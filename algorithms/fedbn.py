@@ -67,6 +67,7 @@ def refusal(model: str) -> str:
 
 @register("fedbn")
 class FedBN(AveragedWeights):
+    family = "split"
     has_global_model = False
     has_personal_model = True
     pinned = True  # a client's BatchNorm entries live on its home worker

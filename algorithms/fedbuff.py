@@ -87,6 +87,7 @@ def server_step(
 
 @register("fedbuff")
 class FedBuff(FedAvg):
+    family = "global"
     Config = FedBuffConfig
 
     @classmethod

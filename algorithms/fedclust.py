@@ -70,6 +70,7 @@ def distance_matrix(rows: np.ndarray) -> np.ndarray:
 
 @register("fedclust")
 class FedClust(OneShotClustered):
+    family = "clustered"
     Config = FedClustConfig
 
     def prologue_payload(self, state: ClusterState) -> WarmupPayload:

@@ -220,6 +220,7 @@ def averaged(arrays: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray
 
 @register("fedcp")
 class FedCP(Algorithm[FedCPState]):
+    family = "split"
     Config = FedCPConfig
     has_global_model = False
     has_personal_model = True

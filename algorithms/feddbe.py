@@ -163,6 +163,7 @@ def biased_forward(model: SplitModel, bias: torch.Tensor) -> Any:
 class FedDBE(AveragedWeights):
     """FedAvg's server with a fixed global mean from the initialisation period; each client's PRBM
     and MR on its home worker."""
+    family = "split"
 
     Config = FedDBEConfig
     has_global_model = True

@@ -59,6 +59,7 @@ class FedDrPlusConfig:
 
 @register("feddrplus")
 class FedDrPlus(FrozenHead):
+    family = "fixed_head"
     Config = FedDrPlusConfig
 
     @classmethod
@@ -112,6 +113,7 @@ class DotRegConfig(FedDrPlusConfig):
 @register("dotreg")
 class DotReg(FedDrPlus):
     """Dot-regression with the frozen ETF classifier (FedDr+ with beta = 1: no L_FD), and its FT."""
+    family = "fixed_head"
 
     Config = DotRegConfig
 

@@ -54,6 +54,7 @@ class DynState:
 
 @register("feddyn")
 class FedDyn(Algorithm[DynState]):
+    family = "global"
     example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     batching = Batching(
         why_not="its loss has each client's own linear term, kept on its home worker."

@@ -113,6 +113,7 @@ def class_counts(ctx: ClientContext) -> torch.Tensor:
 
 @register("fedetf")
 class FedETF(Algorithm[ETFState]):
+    family = "fixed_head"
     batching = Batching(
         why_not="its learnable temperature is a parameter outside the model, which one batched step does not stack per client."
     )

@@ -67,6 +67,7 @@ def extrapolation_step(
 @register("fedexp")
 class FedExP(FedAvg):
     """FedAvg's clients; the server's extrapolated step (its state is an :class:`ExPState`)."""
+    family = "global"
 
     Config = FedExPConfig
     round_log = RoundLog()

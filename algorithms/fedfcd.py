@@ -106,6 +106,7 @@ class FCDState:
 
 @register("fedfcd")
 class FedFCD(Algorithm[FCDState]):
+    family = "prototypes"
     batching = Batching(
         why_not="its clients keep personal extractors and heads and align to prototypes of their own classes."
     )

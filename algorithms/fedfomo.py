@@ -159,6 +159,7 @@ def mean_loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor, chunk: int = 
 class FedFomo(Algorithm[FomoState]):
     """A model store and an affinity matrix on the server; each client's first-order combination of
     the M models it downloads, then E epochs, on its home worker."""
+    family = "personal"
 
     Config = FedFomoConfig
     has_global_model = False

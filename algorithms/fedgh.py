@@ -49,6 +49,7 @@ class GHState:
 
 @register("fedgh")
 class FedGH(Algorithm[GHState]):
+    family = "prototypes"
     batching = Batching(
         why_not="its clients keep personal bodies on their home workers."
     )

@@ -57,6 +57,7 @@ def step_weight(steps: int, momentum: float) -> float:
 @register("fednova")
 class FedNova(FedAvg):
     """FedAvg's clients, each reporting its steps; the server's normalised average."""
+    family = "global"
 
     batching = Batching(
         why_not="each client reports the local steps it took, which its own training loop counts."

@@ -36,6 +36,7 @@ class FedNTDConfig:
 
 @register("fedntd")
 class FedNTD(FedAvg):
+    family = "global"
     Config = FedNTDConfig
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:

@@ -103,6 +103,7 @@ class PACEval:
 
 @register("fedpac")
 class FedPAC(Algorithm[PACState]):
+    family = "split"
     asynchronous = Asynchronous(
         why_not="each client's classifier is combined from the statistics of the round's other clients, solved anew "
         "for each round's cohort, so a stale client has no cohort to be combined with."

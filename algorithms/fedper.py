@@ -67,6 +67,7 @@ class SharedBody(SharedAndPersonal):
 
 @register("fedper")
 class FedPer(SharedBody):
+    family = "split"
     def passes(self) -> list[Pass]:
         """One pass of body and head, cross-entropy."""
         from raysim.toolkit.train import cross_entropy
@@ -82,6 +83,7 @@ class FedRepConfig(SharedBodyConfig):
 
 @register("fedrep")
 class FedRep(SharedBody):
+    family = "split"
     Config = FedRepConfig
 
     def passes(self) -> list[Pass]:

@@ -56,6 +56,7 @@ class ProtoState:
 
 @register("fedproto")
 class FedProto(Algorithm[ProtoState]):
+    family = "prototypes"
     batching = Batching(
         why_not="its clients keep personal models and align to prototypes of their own classes."
     )

@@ -28,6 +28,7 @@ class FedProxConfig:
 
 @register("fedprox")
 class FedProx(FedAvg):
+    family = "global"
     Config = FedProxConfig
 
     def loss_fn(self, ctx: ClientContext, payload: WeightsPayload) -> LossFn:

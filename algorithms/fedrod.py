@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 @register("fedrod")
 class FedRoD(SharedAndPersonal):
     """The shared state: body and generic head."""
+    family = "split"
 
     example_privacy = (
         "its balanced softmax reads the client's class counts, a statistic of all its data"

@@ -132,6 +132,7 @@ def conditional_inputs(
 
 @register("gpfl")
 class GPFL(Algorithm[GPFLState]):
+    family = "split"
     Config = GPFLConfig
     has_global_model = False
     has_personal_model = True

@@ -139,6 +139,7 @@ def membership(chosen: Sequence[int], k: int) -> Clusters:
 
 @register("ifca")
 class IFCA(Algorithm[IFCAState]):
+    family = "clustered"
     Config = IFCAConfig
     has_global_model = False
     has_personal_model = True

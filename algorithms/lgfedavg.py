@@ -38,6 +38,7 @@ from raysim.weights import BODY
 @register("lgfedavg")
 class LGFedAvg(SharedAndPersonal):
     """Shared, averaged head; personal body (extractor and filter) on the home worker."""
+    family = "split"
 
     has_global_model = False
     shared_parts = ("head",)

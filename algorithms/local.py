@@ -33,6 +33,7 @@ class LocalConfig:
 
 @register("local")
 class Local(SharedAndPersonal):
+    family = "local"
     Config = LocalConfig
     has_global_model = False
     shared_parts = ()

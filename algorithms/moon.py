@@ -98,6 +98,7 @@ def moon_loss(glob: SplitModel, prev: SplitModel, mu: float, tau: float) -> Loss
 @register("moon")
 class Moon(FedAvg):
     """FedAvg's server and "-FT"; the client's loss adds l_con, and it keeps its upload's body."""
+    family = "global"
 
     Config = MoonConfig
     pinned = True  # the previous local model lives on the client's home worker

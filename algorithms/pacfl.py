@@ -97,6 +97,7 @@ def proximity_matrix(bases: Sequence[np.ndarray], how: str = "pairwise") -> np.n
 
 @register("pacfl")
 class PACFL(OneShotClustered):
+    family = "clustered"
     example_privacy = (
         'its clients send the principal vectors of their data before round 1'
     )

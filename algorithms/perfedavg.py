@@ -108,6 +108,7 @@ def maml_step(
 
 @register("perfedavg")
 class PerFedAvg(AveragedWeights):
+    family = "personal"
     example_privacy = (
         'it takes its own gradient steps (the MAML steps), outside the loop DP-SGD runs'
     )

@@ -239,6 +239,7 @@ def refusal(model: str) -> str:
 @register("pfedhn")
 class PFedHN(Algorithm[HNState]):
     """The hypernetwork on the server; the clients train what it generates and upload the change."""
+    family = "personal"
 
     Config = PFedHNConfig
     has_global_model = False

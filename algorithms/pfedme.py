@@ -77,6 +77,7 @@ def solve_inner(
 
 @register("pfedme")
 class PFedMe(AveragedWeights):
+    family = "personal"
     example_privacy = (
         'it solves its inner problem with its own gradient steps, outside the loop DP-SGD runs'
     )

@@ -52,6 +52,7 @@ class QFFLConfig:
 @register("qffl")
 class QFFL(FedAvg):
     """FedAvg's clients, each also reporting its loss at the received model; q-FedAvg's server step."""
+    family = "global"
 
     Config = QFFLConfig
     batching = Batching(why_not="each client first evaluates its own loss at the received model.")

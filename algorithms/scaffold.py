@@ -62,6 +62,7 @@ def zeros_like(w: ModelWeights) -> ModelWeights:
 
 @register("scaffold")
 class Scaffold(Algorithm[ScaffoldState]):
+    family = "global"
     example_privacy: ClassVar[str | None] = None  # raysim.privacy.dp_sgd
     batching = Batching(
         why_not="each step is corrected by the client's own control variate, which differs from client to "

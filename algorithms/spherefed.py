@@ -134,6 +134,7 @@ def sphere_mse(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 @register("spherefed")
 class SphereFed(FrozenHead):
+    family = "fixed_head"
     Config = SphereFedConfig
     extra_rounds = ExtraRounds(epilogue=True)
     finetune = FineTune()  # SphereFed-FT: algo.ft_epochs > 0

@@ -22,9 +22,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from raysim.results.curves import Layout
 
 log = logging.getLogger(__name__)
 
@@ -430,70 +433,18 @@ def _pm(mean: float | None, std: float | None) -> str:
     return f"{100 * mean:.2f} ± {100 * (std or 0.0):.2f}"
 
 
-def band_plot(rows: Sequence[dict[str, Any]], metric: str, path: Path, *, against: str = "round") -> bool:
-    """Each configuration's ``metric`` against round: the mean over its seeds, with a band of one
-    std. ``against="sim_time_s"``: against the simulated clock instead, each round at its mean
-    simulated time over the seeds (a simulated deployment's runs). False (and no file) when no
-    configuration has the metric."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    by_config: dict[str, dict[int, list[tuple[float, float]]]] = {}
-    for r in rows:
-        v = metric_value(r.get(metric))
-        if v is None:
-            continue
-        x = float(r["round"] if against == "round" else r.get(against) or 0.0)
-        by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append((x, v))
-    if not by_config:
-        return False
-    many = len(by_config) > 10  # beyond the default cycle's colours: tab20's, the legend beside the plot
-    fig = Figure(figsize=(FIGSIZE[0] + 3, FIGSIZE[1]) if many else FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    if many:
-        from matplotlib import colormaps
-
-        ax.set_prop_cycle(color=[colormaps["tab20"](i % 20) for i in range(len(by_config))])
-    for config, by_round in by_config.items():
-        rounds = sorted(by_round)
-        xs = [sum(x for x, _ in by_round[r]) / len(by_round[r]) for r in rounds]
-        means = [100 * sum(v for _, v in by_round[r]) / len(by_round[r]) for r in rounds]
-        stds = [
-            100 * math.sqrt(sum((v - m / 100) ** 2 for _, v in by_round[r]) / len(by_round[r]))
-            for r, m in zip(rounds, means, strict=True)
-        ]
-        (line,) = ax.plot(xs, means, marker="o", markersize=3, label=config)
-        ax.fill_between(
-            xs,
-            [m - s for m, s in zip(means, stds, strict=True)],
-            [m + s for m, s in zip(means, stds, strict=True)],
-            color=line.get_color(),
-            alpha=0.2,
-        )
-    ax.set_title(f"{metric} (mean ± std over seeds)")
-    ax.set_xlabel("round" if against == "round" else "simulated time (s), mean over seeds")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_xlim(left=0)
-    ax.grid(True, alpha=0.4)
-    if many:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    else:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    return True
-
-
-def curve_plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+def curve_plots(rows: Sequence[dict[str, Any]], out: Path, plan: Layout) -> list[Path]:
     """``accuracy_<metric>.png`` against round for each metric present, and where the runs kept a
-    simulated clock (``sim_time_s``) ``accuracy_<metric>_sim_time.png`` against it too."""
-    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if band_plot(rows, m, out / f"accuracy_{m}.png")]
+    simulated clock (``sim_time_s``) ``accuracy_<metric>_sim_time.png`` against it too: small
+    multiples, ``plan``'s panels and families (:mod:`raysim.results.curves`)."""
+    from raysim.results.curves import small_multiples
+
+    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if small_multiples(rows, m, out / f"accuracy_{m}.png", plan)]
     if any(r.get("sim_time_s") for r in rows):
         pngs += [
             out / f"accuracy_{m}_sim_time.png"
             for m in DEFAULT_METRICS
-            if band_plot(rows, m, out / f"accuracy_{m}_sim_time.png", against="sim_time_s")
+            if small_multiples(rows, m, out / f"accuracy_{m}_sim_time.png", plan, against="sim_time_s")
         ]
     return pngs
 
@@ -514,7 +465,11 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
     rows = pq.read_table(metrics_path).to_pylist()
     out = Path(out_dir) if out_dir is not None else src
     out.mkdir(parents=True, exist_ok=True)
-    pngs = curve_plots(rows, out)
+    from raysim.results.curves import suite_layout
+    from raysim.suite.results import yaml_safe_load
+
+    spec = yaml_safe_load(src / "suite.yaml") if (src / "suite.yaml").is_file() else {}
+    pngs = curve_plots(rows, out, suite_layout(src, summary, spec))
     links = " ".join(f"![{p.stem}]({p.name})" for p in pngs)
     text = (
         f"# Suite {summary['suite']}\n\n"
@@ -533,7 +488,7 @@ __all__ = [
     "MISSING",
     "Run",
     "available_metrics",
-    "band_plot",
+    "curve_plots",
     "check_metric_names",
     "class_accuracy_table",
     "comparison_table",

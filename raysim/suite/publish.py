@@ -13,7 +13,9 @@
   each class of G-Test at the last evaluation, a row per configuration (mean over seeds); then the
   curves, and ``notes.md`` if ``OUT`` has one;
 - ``summary.json``: the suite's own summary, as the suite wrote it;
-- ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band;
+- ``accuracy_<metric>.png``: each configuration's curve, the mean over seeds with a one-std band,
+  as small multiples (:mod:`raysim.results.curves`: a panel per regime, deployment or budget, the
+  algorithm families in their own colours);
   where the trials ran a simulated deployment whose devices take time, also
   ``accuracy_<metric>_sim_time.png``, the same against the simulated clock (and the table gains the
   simulated time, and with ``eval.target`` the simulated time to the target); where the trials ran
@@ -216,8 +218,8 @@ def publish(
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "summary.json", out / "summary.json")
     rows = pq.read_table(src / "metrics.parquet").to_pylist()
-    pngs = curve_plots(rows, out)
     against_pngs: list[Path] = []
+    from raysim.results.curves import suite_layout
     from raysim.suite.results import yaml_safe_load
 
     spec = yaml_safe_load(src / "suite.yaml")
@@ -231,6 +233,7 @@ def publish(
             **spec, "configs": configs, "claims": given.get("claims"), "paper_setting": given.get("paper_setting"),
             "against": given.get("against"), "regimes": given.get("regimes"),
         }  # fmt: skip
+    pngs = curve_plots(rows, out, suite_layout(src, summary, spec))
     description = spec.get("description", "")
     parts = [
         f"# {summary['suite']}",

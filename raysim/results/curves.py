@@ -1,0 +1,333 @@
+"""A suite's curves as small multiples: one panel per regime (or per deployment, per privacy budget),
+every algorithm family in its own colour, so that a page of a dozen or fifty configurations still
+reads at a glance.
+
+Which panel a configuration is drawn in, and under which label:
+
+- where the suite file declares ``regimes`` (:mod:`raysim.suite.regimes`), a panel per regime, in
+  the declared order, and the row's name (``fedper`` for ``fedper_dir01``) as the label;
+- else where it declares ``against`` (:mod:`raysim.suite.against`), a panel per value of the axis
+  (``epsilon = 3``), the series as the label;
+- else from the names, where they split into two panels or more of two lines or more each: a
+  grid's configurations (``fedbabu_last_partition=shard_2``, raysim.suite.spec.expand_grid) a
+  panel per grid value (``partition=shard_2``), the rest of the name the label; else a
+  configuration named ``ALGO_REST`` whose algorithm is ``ALGO`` (``fedbuff_stragglers``) is
+  ``ALGO`` in panel ``REST``, where each panel holds two algorithms or more (the deployments page:
+  a panel per deployment);
+- otherwise every configuration is one line of one panel, its name the label.
+
+A configuration that none of the rules places goes to a last panel, "other configurations".
+
+Colours: each registered algorithm declares its family (``Algorithm.family``, one of
+:data:`FAMILIES`); a family has one hue (matplotlib's tab10 colours), its lines shades of it and
+different dash patterns, so that the families separate at a glance and the lines of one family
+stay told apart; the legend, shared by the panels, lists the lines family by family. Every panel
+has the same axes, the line of a label the same colour and dash in each.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: an algorithm's family (``Algorithm.family``) -> its title in the legend and its hue
+FAMILIES: dict[str, tuple[str, str]] = {
+    "global": ("one global model", "tab:blue"),
+    "fixed_head": ("fixed classifier", "tab:purple"),
+    "split": ("shared and personal parts", "tab:green"),
+    "prototypes": ("shared prototypes", "tab:orange"),
+    "personal": ("personal models", "tab:red"),
+    "clustered": ("clustered", "tab:cyan"),
+    "local": ("local only", "black"),
+    "other": ("other", "tab:gray"),
+}
+#: the dash patterns that tell the lines of one family apart, in turn
+DASHES = ("-", "--", "-.", ":")
+#: the panel of the configurations that no rule places
+OTHER_PANEL = "other configurations"
+PANEL_SIZE = (4.2, 3.1)  # inches, one panel
+MAX_COLUMNS = 3
+SINGLE_PANEL_SIZE = (6.0, 4.2)  # inches, a page's only panel
+#: the legend's entry height and column width (inches): beside the panels in one column or two
+#: where it fits, else beneath them
+LEGEND_ENTRY_HEIGHT = 0.21
+LEGEND_COLUMN_WIDTH = 2.3
+
+
+@dataclass(frozen=True)
+class Line:
+    """One configuration's line: the panel it is drawn in, its label and its family."""
+
+    config: str
+    panel: str
+    label: str
+    family: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The lines in the suite's order and the panels' titles in theirs ("" for a single panel)."""
+
+    lines: tuple[Line, ...]
+    panels: tuple[str, ...]
+
+
+def family_of(algo: str | None) -> str:
+    """The family an algorithm declares, "other" for one that is not registered or declares none."""
+    from raysim.registry import ALGORITHMS
+
+    if algo is None or algo not in ALGORITHMS:
+        return "other"
+    family = str(getattr(ALGORITHMS.get(algo), "family", "other"))
+    return family if family in FAMILIES else "other"
+
+
+def layout(
+    configs: Sequence[tuple[str, str | None]],
+    panels_by_suffix: Sequence[tuple[str, str]] = (),
+) -> Layout:
+    """The lines of ``configs`` ((name, algorithm) in the suite's order). ``panels_by_suffix``:
+    (name suffix, panel title) pairs, in panel order, from the suite file's ``regimes`` or
+    ``against``; empty: panels from the names (the module's docstring)."""
+    from raysim.suite.against import split_suffix
+
+    families = {name: family_of(algo) for name, algo in configs}
+    placed: dict[str, tuple[str, str]] = {}  # config -> (panel, label)
+    order: list[str] = []
+    if panels_by_suffix:
+        titles = dict(panels_by_suffix)
+        for name, _ in configs:
+            split = split_suffix(name, list(titles))
+            if split is not None:
+                placed[name] = (titles[split[1]], split[0])
+        order = [title for _, title in panels_by_suffix if title in {p for p, _ in placed.values()}]
+    else:
+        placed = _by_grid(configs) or _by_algorithm(configs) or {name: ("", name) for name, _ in configs}
+        order = list(dict.fromkeys(placed[name][0] for name, _ in configs))
+    lines = []
+    for name, _ in configs:
+        panel, label = placed.get(name, (OTHER_PANEL, name))
+        lines.append(Line(name, panel, label, families[name]))
+    if any(line.panel == OTHER_PANEL for line in lines):
+        order.append(OTHER_PANEL)
+    return Layout(tuple(lines), tuple(order))
+
+
+#: where a grid's part of a configuration's name begins (raysim.suite.spec.expand_grid): NAME_KEY=VALUE
+_GRID_PART = re.compile(r"_(?=[A-Za-z][A-Za-z0-9]*=)")
+
+
+def _grouped(placed: dict[str, tuple[str, str]], at_least: int) -> bool:
+    """Whether ``placed`` (config -> (panel, label)) makes two panels or more, each of
+    ``at_least`` labels or more."""
+    labels: dict[str, set[str]] = {}
+    for panel, label in placed.values():
+        labels.setdefault(panel, set()).add(label)
+    return len(labels) >= 2 and all(len(x) >= at_least for x in labels.values())
+
+
+def _by_grid(configs: Sequence[tuple[str, str | None]]) -> dict[str, tuple[str, str]] | None:
+    """A panel per value of a grid key that every name carries (``fedbabu_last_partition=shard_2``:
+    ``fedbabu_last`` in panel ``partition=shard_2``), the key of fewest values first, where each
+    panel holds two lines or more."""
+    parts = {name: _GRID_PART.split(name) for name, _ in configs}
+    keyed = {name: {p.split("=", 1)[0]: p for p in split[1:]} for name, split in parts.items()}
+    common = set.intersection(*(set(k) for k in keyed.values())) if keyed else set()
+    for key in sorted(common, key=lambda k: len({keyed[n][k] for n in keyed})):
+        placed = {name: (keyed[name][key], "_".join(p for p in parts[name] if p != keyed[name][key])) for name in parts}
+        if _grouped(placed, 2):
+            return placed
+    return None
+
+
+def _by_algorithm(configs: Sequence[tuple[str, str | None]]) -> dict[str, tuple[str, str]] | None:
+    """A panel per what follows the algorithm's name (``fedbuff_stragglers``: ``fedbuff`` in
+    panel ``stragglers``; a name that is the algorithm's alone, in panel "as named"), where every
+    name begins with its algorithm's and each panel holds two algorithms or more."""
+    placed = {}
+    for name, algo in configs:
+        if algo and name.startswith(algo + "_") and len(name) > len(algo) + 1:
+            placed[name] = (name[len(algo) + 1 :], algo)
+        elif algo and name == algo:
+            placed[name] = ("as named", algo)
+        else:
+            return None
+    return placed if _grouped(placed, 2) else None
+
+
+def suite_layout(suite_dir: Path, summary: Mapping[str, Any], spec: Mapping[str, Any]) -> Layout:
+    """The layout of a finished suite: each configuration's algorithm from its first trial's saved
+    config (the suite file's settings where none was saved), its panels from the suite file's
+    ``regimes`` or ``against`` (``spec``, the suite file read)."""
+    from raysim.suite.results import yaml_safe_load
+
+    base_algo = (spec.get("base") or {}).get("algo")
+    declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
+    configs: list[tuple[str, str | None]] = []
+    for c in summary["configs"]:
+        algo = declared.get(c["config"], base_algo)
+        for seed in sorted(c["seeds"])[:1]:
+            saved = suite_dir / "runs" / f"{c['config']}-seed{seed}" / "config.yaml"
+            if saved.is_file():
+                algo = yaml_safe_load(saved).get("algo", algo)
+        configs.append((c["config"], None if algo is None else str(algo)))
+    names = [name for name, _ in configs]
+    where = str(suite_dir / "suite.yaml")
+    suffixes: list[tuple[str, str]] = []
+    if spec.get("regimes") is not None:
+        from raysim.suite.regimes import parse_regimes
+
+        suffixes = list(parse_regimes(spec["regimes"], names, where).suffixes)
+    elif spec.get("against") is not None:
+        from raysim.suite.against import parse_against
+
+        against = parse_against(spec["against"], names, where)
+        suffixes = [(s, f"{against.axis} = {'∞' if math.isinf(v) else f'{v:g}'}") for s, v in against.values]
+    return layout(configs, suffixes)
+
+
+def styles(lines: Sequence[Line]) -> dict[str, tuple[tuple[float, float, float], str]]:
+    """Each label's colour and dash pattern: its family's hue, the family's labels spread from
+    darker to lighter shades and through :data:`DASHES`."""
+    from matplotlib.colors import to_rgb
+
+    labels: dict[str, list[str]] = {}
+    for line in lines:
+        family_labels = labels.setdefault(line.family, [])
+        if line.label not in family_labels:
+            family_labels.append(line.label)
+    out = {}
+    for family, names in labels.items():
+        h, lightness, s = colorsys.rgb_to_hls(*to_rgb(FAMILIES[family][1]))
+        for i, label in enumerate(names):
+            # lightness from 0.25 to 0.6 across the family (one label: the hue itself)
+            shade = lightness if len(names) == 1 else 0.25 + 0.35 * i / (len(names) - 1)
+            out[label] = (colorsys.hls_to_rgb(h, shade, s), DASHES[i % len(DASHES)])
+    return out
+
+
+def bands(
+    rows: Sequence[Mapping[str, Any]], metric: str, against: str = "round"
+) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """Each configuration's (x, mean, std) over its seeds of ``metric`` in %, by round: x the round,
+    or with ``against="sim_time_s"`` the round's mean simulated time over the seeds."""
+    from raysim.results.report import metric_value
+
+    by_config: dict[str, dict[int, list[tuple[float, float]]]] = {}
+    for r in rows:
+        v = metric_value(r.get(metric))
+        if v is None:
+            continue
+        x = float(r["round"] if against == "round" else r.get(against) or 0.0)
+        by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append((x, v))
+    out = {}
+    for config, by_round in by_config.items():
+        # in time order (on the simulated clock a seed's round can end later than the next round's
+        # mean over the seeds that reached it)
+        rounds = sorted(by_round, key=lambda r: (sum(x for x, _ in by_round[r]) / len(by_round[r]), r))
+        xs = [sum(x for x, _ in by_round[r]) / len(by_round[r]) for r in rounds]
+        means = [sum(v for _, v in by_round[r]) / len(by_round[r]) for r in rounds]
+        stds = [math.sqrt(sum((v - m) ** 2 for _, v in by_round[r]) / len(by_round[r])) for r, m in zip(rounds, means, strict=True)]
+        out[config] = (xs, [100 * m for m in means], [100 * s for s in stds])
+    return out
+
+
+def small_multiples(
+    rows: Sequence[Mapping[str, Any]], metric: str, path: Path, plan: Layout, *, against: str = "round"
+) -> bool:
+    """``path``: :func:`figure` as a PNG. False, and no file, when no configuration has the metric."""
+    fig = figure(rows, metric, plan, against=against)
+    if fig is None:
+        return False
+    fig.savefig(path, format="png")
+    return True
+
+
+def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, against: str = "round") -> Figure | None:
+    """A panel per ``plan``'s panel that has a line, each configuration's ``metric`` against round
+    (or the simulated clock) as the mean over seeds with a one-std band; None when no
+    configuration has the metric."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    from raysim.results.report import DPI
+
+    data = bands(rows, metric, against)
+    drawn = [line for line in plan.lines if line.config in data]
+    if not drawn:
+        return None
+    panels = [p for p in plan.panels if any(line.panel == p for line in drawn)]
+    columns = min(len(panels), MAX_COLUMNS)
+    grid_rows = math.ceil(len(panels) / columns)
+    style = styles(drawn)
+    panel_size = PANEL_SIZE if len(panels) > 1 else SINGLE_PANEL_SIZE
+    height = panel_size[1] * grid_rows + 0.6
+    entries = len({line.label for line in drawn}) + len({line.family for line in drawn})
+    legend_columns = math.ceil(entries / max(1, int((height - 0.4) / LEGEND_ENTRY_HEIGHT)))
+    beside = legend_columns <= 2
+    legend_width = LEGEND_COLUMN_WIDTH * legend_columns if beside else 0.0
+    below = 0.0 if beside else LEGEND_ENTRY_HEIGHT * math.ceil(entries / (2 * columns + 1)) + 0.3
+    fig = Figure(figsize=(panel_size[0] * columns + legend_width, height + below), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(grid_rows, columns, sharex=True, sharey=True, squeeze=False)
+    for k, panel in enumerate(panels):
+        ax = axes[k // columns][k % columns]
+        for line in (x for x in drawn if x.panel == panel):
+            xs, means, stds = data[line.config]
+            colour, dash = style[line.label]
+            ax.plot(xs, means, color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=2.5)
+            ax.fill_between(xs, [m - s for m, s in zip(means, stds, strict=True)], [m + s for m, s in zip(means, stds, strict=True)], color=colour, alpha=0.12, linewidth=0)
+        if panel:
+            ax.set_title(panel, fontsize="medium")
+        ax.grid(True, alpha=0.4)
+        ax.set_xlim(left=0)
+        if against == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for k in range(len(panels), grid_rows * columns):  # the grid's empty cells
+        axes[k // columns][k % columns].set_visible(False)
+    for k in range(max(0, len(panels) - columns), len(panels)):  # the lowest panel of each column
+        ax = axes[k // columns][k % columns]
+        ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_xlabel("round" if against == "round" else "simulated time (s)")
+    for row in axes:
+        row[0].set_ylabel("accuracy (%)")
+    handles, labels = [], []
+    for family, (title, _) in FAMILIES.items():
+        family_labels = list(dict.fromkeys(line.label for line in drawn if line.family == family))
+        if not family_labels:
+            continue
+        handles.append(Line2D([], [], linestyle="none"))
+        labels.append(title)
+        for label in family_labels:
+            colour, dash = style[label]
+            handles.append(Line2D([], [], color=colour, linestyle=dash, linewidth=1.6))  # type: ignore[arg-type]
+            labels.append("  " + label)
+    if beside:
+        legend = fig.legend(
+            handles, labels, loc="upper left", bbox_to_anchor=(1 - legend_width / fig.get_figwidth(), 0.98),
+            ncol=legend_columns, fontsize="small", frameon=False, handlelength=2.2,
+        )  # fmt: skip
+        area: tuple[float, float, float, float] = (0, 0, 1 - legend_width / fig.get_figwidth(), 1)
+    else:  # a long legend goes beneath the panels, in columns
+        legend = fig.legend(handles, labels, loc="lower center", ncol=2 * columns + 1, fontsize="x-small", frameon=False, handlelength=2.2)
+        area = (0, below / fig.get_figheight(), 1, 1)
+    for text, handle in zip(legend.get_texts(), handles, strict=True):
+        if handle.get_linestyle() == "None":
+            text.set_fontweight("bold")
+    over = "round" if against == "round" else "simulated time"
+    fig.suptitle(f"{metric} against {over}: mean over seeds, band one std", fontsize="medium")
+    fig.tight_layout(rect=area)
+    return fig
+
+
+__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "family_of", "figure", "layout", "small_multiples", "styles", "suite_layout"]

@@ -1,0 +1,126 @@
+"""The pages' curves as small multiples (raysim.results.curves): which configuration goes to which
+panel under which label, the families' colours, and the figure's lines checked against the rows'
+means over seeds."""
+
+from __future__ import annotations
+
+import colorsys
+import math
+from pathlib import Path
+
+import pytest
+
+from raysim.registry import ALGORITHMS
+from raysim.results.curves import FAMILIES, OTHER_PANEL, figure, layout, small_multiples, styles
+
+
+def test_every_registered_algorithm_declares_a_family() -> None:
+    undeclared = [name for name in ALGORITHMS.names() if ALGORITHMS.get(name).family not in set(FAMILIES) - {"other"}]
+    assert undeclared == []
+    assert ALGORITHMS.get("fedavg").family == "global" and ALGORITHMS.get("fedper").family == "split"
+    assert ALGORITHMS.get("cfl").family == "clustered" and ALGORITHMS.get("ditto").family == "personal"
+
+
+def test_panels_from_the_declared_regimes() -> None:
+    configs = [("fedavg_dir01", "fedavg"), ("fedper_dir01", "fedper"), ("fedavg_rot4", "fedavg"), ("extra", "local")]
+    plan = layout(configs, [("dir01", "Dir(0.1)"), ("pat2", "pathological:2"), ("rot4", "rotate:4")])
+    # a declared regime no configuration is in draws no panel; an unplaced configuration its own
+    assert plan.panels == ("Dir(0.1)", "rotate:4", OTHER_PANEL)
+    assert [(x.panel, x.label, x.family) for x in plan.lines] == [
+        ("Dir(0.1)", "fedavg", "global"),
+        ("Dir(0.1)", "fedper", "split"),
+        ("rotate:4", "fedavg", "global"),
+        (OTHER_PANEL, "extra", "local"),
+    ]
+
+
+def test_panels_from_names_that_several_algorithms_share() -> None:
+    # the deployments page: ALGO_DEPLOYMENT, each deployment run by two algorithms or more
+    configs = [(f"{a}_{d}", a) for d in ("homogeneous", "stragglers") for a in ("fedavg", "fedbuff", "fed3p2")]
+    plan = layout(configs)
+    assert plan.panels == ("homogeneous", "stragglers")
+    assert [x.label for x in plan.lines if x.panel == "stragglers"] == ["fedavg", "fedbuff", "fed3p2"]
+    # names equal to the algorithm are a panel of their own when the others split so too
+    plan = layout([("fedavg", "fedavg"), ("fedbabu", "fedbabu"), ("fedavg_p0.2", "fedavg"), ("fedbabu_p0.2", "fedbabu")])
+    assert plan.panels == ("as named", "p0.2")
+
+
+def test_panels_from_a_grid_by_its_key_of_fewest_values() -> None:
+    # expand_grid's names, NAME_KEY=VALUE: a panel per partition (2 values, not lr's 3)
+    configs = [
+        (f"{name}_partition={p}_lr={lr}", algo)
+        for name, algo in (("feddrplus_last", "feddrplus"), ("fedavg", "fedavg"))
+        for p in ("shard_2", "dirichlet_0.1")
+        for lr in ("0.1", "0.2", "0.3")
+    ]
+    plan = layout(configs)
+    assert plan.panels == ("partition=shard_2", "partition=dirichlet_0.1")
+    assert [x.label for x in plan.lines if x.panel == "partition=dirichlet_0.1"] == [
+        f"{name}_lr={lr}" for name in ("feddrplus_last", "fedavg") for lr in ("0.1", "0.2", "0.3")
+    ]
+    # a grid of one line per value (a sweep of one algorithm's setting) is one panel
+    assert layout([(f"fedfcd_server_lr={v}", "fedfcd") for v in ("0.01", "0.05")]).panels == ("",)
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        # one algorithm's ablations: a "panel" would hold one algorithm
+        [("fedfcd", "fedfcd"), ("fedavg", "fedavg"), ("fedfcd_no_fa", "fedfcd"), ("fedfcd_no_fd", "fedfcd")],
+        # a configuration whose name does not begin with its algorithm's
+        [("fedavg_m50", "fedavg"), ("fedprox_m50", "fedprox"), ("fa_only", "fedpac")],
+        # every configuration the same algorithm
+        [("perfedavg_alpha0.01", "perfedavg"), ("perfedavg_alpha0.001", "perfedavg")],
+    ],
+)
+def test_a_single_panel_where_the_names_do_not_group(configs: list[tuple[str, str]]) -> None:
+    plan = layout(configs)
+    assert plan.panels == ("",)
+    assert [x.label for x in plan.lines] == [name for name, _ in configs]
+
+
+def test_each_family_one_hue_and_each_label_its_own_style() -> None:
+    configs = [(f"{a}_{r}", a) for r in ("dir01", "pat2") for a in ("fedavg", "fedprox", "scaffold", "fedper", "fedrep", "cfl")]
+    plan = layout(configs, [("dir01", "A"), ("pat2", "B")])
+    style = styles(plan.lines)
+    assert set(style) == {"fedavg", "fedprox", "scaffold", "fedper", "fedrep", "cfl"}
+    assert len(set(style.values())) == 6  # every label told apart
+    hue = {label: round(colorsys.rgb_to_hls(*style[label][0])[0], 6) for label in style}
+    assert hue["fedavg"] == hue["fedprox"] == hue["scaffold"]  # one family, one hue
+    assert hue["fedper"] == hue["fedrep"]
+    assert len({hue["fedavg"], hue["fedper"], hue["cfl"]}) == 3  # three families, three hues
+
+
+def test_the_figure_draws_each_configurations_mean_over_seeds_in_its_panel(tmp_path: Path) -> None:
+    values = {  # (config, seed) -> lm_ptest at rounds 2 and 4
+        ("fedavg_a", 0): (0.50, 0.60), ("fedavg_a", 1): (0.54, 0.64),
+        ("fedper_a", 0): (0.70, 0.80), ("fedper_a", 1): (0.70, 0.90),
+        ("fedavg_b", 0): (0.20, 0.30), ("fedavg_b", 1): (0.30, 0.30),
+        ("fedper_b", 0): (0.40, 0.45), ("fedper_b", 1): (0.40, 0.55),
+    }  # fmt: skip
+    rows = [
+        {"config": config, "seed": seed, "round": rnd, "lm_ptest": v, "gm_gtest": None}
+        for (config, seed), pair in values.items()
+        for rnd, v in zip((2, 4), pair, strict=True)
+    ]
+    plan = layout([(c, c.split("_")[0]) for c in ("fedavg_a", "fedper_a", "fedavg_b", "fedper_b")])
+    fig = figure(rows, "lm_ptest", plan)
+    assert fig is not None
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["a", "b"]
+    for ax, suffix in zip(panels, ("a", "b"), strict=True):
+        drawn = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+        want = []
+        for algo in ("fedavg", "fedper"):
+            s0, s1 = values[(f"{algo}_{suffix}", 0)], values[(f"{algo}_{suffix}", 1)]
+            want.append(([2.0, 4.0], [100 * (s0[i] + s1[i]) / 2 for i in range(2)]))
+        assert len(drawn) == 2
+        for (xs, ys), (wx, wy) in zip(drawn, want, strict=True):
+            assert xs == wx and all(math.isclose(y, w) for y, w in zip(ys, wy, strict=True))
+    # the same label the same colour and dash in every panel
+    a, b = ([(line.get_color(), line.get_linestyle()) for line in ax.get_lines()] for ax in panels)
+    assert a == b and a[0] != a[1]
+    # a metric no configuration has: no figure, no file
+    assert figure(rows, "gm_gtest", plan) is None
+    assert not small_multiples(rows, "gm_gtest", tmp_path / "x.png", plan) and not (tmp_path / "x.png").exists()
+    assert small_multiples(rows, "lm_ptest", tmp_path / "y.png", plan) and (tmp_path / "y.png").stat().st_size > 5000
