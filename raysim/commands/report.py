@@ -83,7 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(written[0])
             return 0
         if len(args.runs) == 1 and (Path(args.runs[0]) / "suite.yaml").is_file():  # a suite: draw it again
-            written = write_suite_report(args.runs[0], args.out)
+            from raysim.suite.layout import suite_layout
+
+            written = write_suite_report(args.runs[0], suite_layout(args.runs[0]), args.out)
             print(written[0])
             print()
             print(written[0].read_text(), end="", flush=True)

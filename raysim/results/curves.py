@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raysim.results.metrics import metric_value
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -53,6 +55,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
 DASHES = ("-", "--", "-.", ":")
 #: the panel of the configurations that no rule places
 OTHER_PANEL = "other configurations"
+DPI = 120  # the pages' figures: a 7 x 4.5 inch plot is 840 x 540 pixels
 PANEL_SIZE = (4.2, 3.1)  # inches, one panel
 MAX_COLUMNS = 3
 SINGLE_PANEL_SIZE = (6.0, 4.2)  # inches, a page's only panel
@@ -90,6 +93,15 @@ def family_of(algo: str | None) -> str:
     return family if family in FAMILIES else "other"
 
 
+def split_suffix(config: str, suffixes: Sequence[str]) -> tuple[str, str] | None:
+    """(prefix, suffix) of a configuration named PREFIX_SUFFIX for one of ``suffixes`` (the longest
+    that matches wins), or None."""
+    for suffix in sorted(suffixes, key=lambda s: -len(s)):
+        if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
+            return config[: -len(suffix) - 1], suffix
+    return None
+
+
 def layout(
     configs: Sequence[tuple[str, str | None]],
     panels_by_suffix: Sequence[tuple[str, str]] = (),
@@ -97,8 +109,6 @@ def layout(
     """The lines of ``configs`` ((name, algorithm) in the suite's order). ``panels_by_suffix``:
     (name suffix, panel title) pairs, in panel order, from the suite file's ``regimes`` or
     ``against``; empty: panels from the names (the module's docstring)."""
-    from raysim.suite.against import split_suffix
-
     families = {name: family_of(algo) for name, algo in configs}
     placed: dict[str, tuple[str, str]] = {}  # config -> (panel, label)
     order: list[str] = []
@@ -163,37 +173,6 @@ def _by_algorithm(configs: Sequence[tuple[str, str | None]]) -> dict[str, tuple[
     return placed if _grouped(placed, 2) else None
 
 
-def suite_layout(suite_dir: Path, summary: Mapping[str, Any], spec: Mapping[str, Any]) -> Layout:
-    """The layout of a finished suite: each configuration's algorithm from its first trial's saved
-    config (the suite file's settings where none was saved), its panels from the suite file's
-    ``regimes`` or ``against`` (``spec``, the suite file read)."""
-    from raysim.suite.results import yaml_safe_load
-
-    base_algo = (spec.get("base") or {}).get("algo")
-    declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
-    configs: list[tuple[str, str | None]] = []
-    for c in summary["configs"]:
-        algo = declared.get(c["config"], base_algo)
-        for seed in sorted(c["seeds"])[:1]:
-            saved = suite_dir / "runs" / f"{c['config']}-seed{seed}" / "config.yaml"
-            if saved.is_file():
-                algo = yaml_safe_load(saved).get("algo", algo)
-        configs.append((c["config"], None if algo is None else str(algo)))
-    names = [name for name, _ in configs]
-    where = str(suite_dir / "suite.yaml")
-    suffixes: list[tuple[str, str]] = []
-    if spec.get("regimes") is not None:
-        from raysim.suite.regimes import parse_regimes
-
-        suffixes = list(parse_regimes(spec["regimes"], names, where).suffixes)
-    elif spec.get("against") is not None:
-        from raysim.suite.against import parse_against
-
-        against = parse_against(spec["against"], names, where)
-        suffixes = [(s, f"{against.axis} = {'∞' if math.isinf(v) else f'{v:g}'}") for s, v in against.values]
-    return layout(configs, suffixes)
-
-
 def styles(lines: Sequence[Line]) -> dict[str, tuple[tuple[float, float, float], str]]:
     """Each label's colour and dash pattern: its family's hue, the family's labels spread from
     darker to lighter shades and through :data:`DASHES`."""
@@ -219,8 +198,6 @@ def bands(
 ) -> dict[str, tuple[list[float], list[float], list[float]]]:
     """Each configuration's (x, mean, std) over its seeds of ``metric`` in %, by round: x the round,
     or with ``against="sim_time_s"`` the round's mean simulated time over the seeds."""
-    from raysim.results.report import metric_value
-
     by_config: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for r in rows:
         v = metric_value(r.get(metric))
@@ -259,8 +236,6 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
-
-    from raysim.results.report import DPI
 
     data = bands(rows, metric, against)
     drawn = [line for line in plan.lines if line.config in data]
@@ -330,4 +305,4 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     return fig
 
 
-__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "family_of", "figure", "layout", "small_multiples", "styles", "suite_layout"]
+__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]

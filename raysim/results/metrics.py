@@ -34,6 +34,11 @@ from raysim.records import ClientEval, EvalReport
 METRICS = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest")
 
 
+def metric_value(value: Any) -> float | None:
+    """A metric's value from a table's row, None where it has none (null, or NaN in a column)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
 def _client_summary(correct: Sequence[int | None], totals: Sequence[int]) -> dict[str, float | None]:
     pairs = [(c, n) for c, n in zip(correct, totals, strict=True) if c is not None and n > 0]
     if not pairs:

@@ -15,33 +15,25 @@ malformed metric name) raises :class:`~raysim.errors.ConfigError` with one sente
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raysim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from raysim.results.curves import Layout
+from raysim.results.curves import DPI, Layout
+from raysim.results.metrics import metric_value
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS: tuple[str, ...] = ("gm_gtest", "gm_ptest", "lm_ptest", "updated_lm_ptest", "new_gm_ptest", "new_lm_ptest")
 MISSING = "–"  # an en dash: a value the run does not have
 FIGSIZE = (7.0, 4.5)  # inches
-DPI = 120  # so a plot is 840 x 540 pixels
 REPORT_NAME = "report.md"
 _METRIC_NAME = re.compile(r"[A-Za-z0-9_]+")
-
-
-def metric_value(value: Any) -> float | None:
-    """A metric's value from a table's row, None where it has none (null, or NaN in a column)."""
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 @dataclass
@@ -449,10 +441,13 @@ def curve_plots(rows: Sequence[dict[str, Any]], out: Path, plan: Layout) -> list
     return pngs
 
 
-def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """``report.md`` (the suite's table) and ``accuracy_<metric>.png`` (curves banded over seeds)
-    from a suite directory's ``summary.json`` and ``metrics.parquet``, into ``out_dir`` (default
-    the suite directory). Returns the paths written, ``report.md`` first."""
+def write_suite_report(
+    suite_dir: str | os.PathLike[str], plan: Layout, out_dir: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """``report.md`` (the suite's table) and ``accuracy_<metric>.png`` (curves banded over seeds,
+    laid out by ``plan``: raysim.suite.layout.suite_layout) from a suite directory's
+    ``summary.json`` and ``metrics.parquet``, into ``out_dir`` (default the suite directory).
+    Returns the paths written, ``report.md`` first."""
     import json
 
     import pyarrow.parquet as pq
@@ -465,11 +460,7 @@ def write_suite_report(suite_dir: str | os.PathLike[str], out_dir: str | os.Path
     rows = pq.read_table(metrics_path).to_pylist()
     out = Path(out_dir) if out_dir is not None else src
     out.mkdir(parents=True, exist_ok=True)
-    from raysim.results.curves import suite_layout
-    from raysim.suite.results import yaml_safe_load
-
-    spec = yaml_safe_load(src / "suite.yaml") if (src / "suite.yaml").is_file() else {}
-    pngs = curve_plots(rows, out, suite_layout(src, summary, spec))
+    pngs = curve_plots(rows, out, plan)
     links = " ".join(f"![{p.stem}]({p.name})" for p in pngs)
     text = (
         f"# Suite {summary['suite']}\n\n"

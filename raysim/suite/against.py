@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
+from raysim.results.curves import split_suffix
 
 #: the entry's keys
 KEYS = ("axis", "suffixes", "metrics")
@@ -44,15 +45,6 @@ class Against:
         """(series, value) of a configuration's name, or None where it ends in no suffix."""
         found = split_suffix(config, [s for s, _ in self.values])
         return None if found is None else (found[0], dict(self.values)[found[1]])
-
-
-def split_suffix(config: str, suffixes: Sequence[str]) -> tuple[str, str] | None:
-    """(prefix, suffix) of a configuration named PREFIX_SUFFIX for one of ``suffixes`` (the longest
-    that matches wins), or None."""
-    for suffix in sorted(suffixes, key=lambda s: -len(s)):
-        if config.endswith("_" + suffix) and len(config) > len(suffix) + 1:
-            return config[: -len(suffix) - 1], suffix
-    return None
 
 
 def check_entry(data: Any, name: str, keys: Sequence[str], where: str) -> None:
@@ -226,4 +218,4 @@ def against_sections(against: Against, summary: Mapping[str, Any], suite_dir: Pa
     return parts, pngs
 
 
-__all__ = ["Against", "against_sections", "check_entry", "check_suffix", "parse_against", "split_suffix"]
+__all__ = ["Against", "against_sections", "check_entry", "check_suffix", "parse_against"]

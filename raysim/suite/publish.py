@@ -219,7 +219,7 @@ def publish(
     shutil.copyfile(src / "summary.json", out / "summary.json")
     rows = pq.read_table(src / "metrics.parquet").to_pylist()
     against_pngs: list[Path] = []
-    from raysim.results.curves import suite_layout
+    from raysim.suite.layout import suite_layout
     from raysim.suite.results import yaml_safe_load
 
     spec = yaml_safe_load(src / "suite.yaml")

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.suite.against import check_entry, check_suffix, split_suffix
+from raysim.results.curves import split_suffix
+from raysim.suite.against import check_entry, check_suffix
 
 KEYS = ("suffixes", "sort", "metrics")
 #: a row is near chance when every accuracy it shows is below chance plus this

@@ -117,8 +117,9 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
     with replaced_atomically(suite_dir / "summary.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
     from raysim.results.report import write_suite_report
+    from raysim.suite.layout import suite_layout
 
-    write_suite_report(suite_dir)
+    write_suite_report(suite_dir, suite_layout(suite_dir, summary))
     return summary
 
 

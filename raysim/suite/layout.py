@@ -1,0 +1,59 @@
+"""A finished suite's curves laid out as small multiples (:mod:`raysim.results.curves`): each
+configuration's algorithm, and its panel from the suite file's ``regimes`` or ``against``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import ConfigError
+from raysim.results.curves import Layout, layout
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
+
+
+def suite_layout(
+    suite_dir: str | Path, summary: Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None
+) -> Layout:
+    """The layout of the suite in ``suite_dir``: each configuration's algorithm from its first
+    trial's saved config (the suite file's settings where none was saved), its panels from the
+    suite file's ``regimes`` or ``against``. ``summary`` and ``spec`` (the suite file read): the
+    suite directory's own ``summary.json`` and ``suite.yaml`` unless given."""
+    src = Path(suite_dir)
+    if summary is None:
+        if not (src / "summary.json").is_file():
+            raise ConfigError(f"{src} is not a finished suite directory (it has no summary.json).")
+        summary = json.loads((src / "summary.json").read_text())
+    spec = spec if spec is not None else _yaml(src / "suite.yaml")
+    base_algo = (spec.get("base") or {}).get("algo")
+    declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
+    configs: list[tuple[str, str | None]] = []
+    for c in summary["configs"]:
+        algo = declared.get(c["config"], base_algo)
+        for seed in sorted(c["seeds"])[:1]:
+            algo = _yaml(src / "runs" / f"{c['config']}-seed{seed}" / "config.yaml").get("algo", algo)
+        configs.append((c["config"], None if algo is None else str(algo)))
+    names = [name for name, _ in configs]
+    where = str(src / "suite.yaml")
+    suffixes: list[tuple[str, str]] = []
+    if spec.get("regimes") is not None:
+        from raysim.suite.regimes import parse_regimes
+
+        suffixes = list(parse_regimes(spec["regimes"], names, where).suffixes)
+    elif spec.get("against") is not None:
+        from raysim.suite.against import parse_against
+
+        against = parse_against(spec["against"], names, where)
+        suffixes = [(s, f"{against.axis} = {'∞' if math.isinf(v) else f'{v:g}'}") for s, v in against.values]
+    return layout(configs, suffixes)
+
+
+__all__ = ["suite_layout"]
