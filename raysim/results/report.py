@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
-from raysim.results.curves import DPI, Layout
+from raysim.results.curves import DPI, Layout, small_multiples
 from raysim.results.metrics import metric_value
 
 log = logging.getLogger(__name__)
@@ -429,8 +429,6 @@ def curve_plots(rows: Sequence[dict[str, Any]], out: Path, plan: Layout) -> list
     """``accuracy_<metric>.png`` against round for each metric present, and where the runs kept a
     simulated clock (``sim_time_s``) ``accuracy_<metric>_sim_time.png`` against it too: small
     multiples, ``plan``'s panels and families (:mod:`raysim.results.curves`)."""
-    from raysim.results.curves import small_multiples
-
     pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if small_multiples(rows, m, out / f"accuracy_{m}.png", plan)]
     if any(r.get("sim_time_s") for r in rows):
         pngs += [
