@@ -207,13 +207,15 @@ def bands(
         by_config.setdefault(str(r["config"]), {}).setdefault(int(r["round"]), []).append((x, v))
     out = {}
     for config, by_round in by_config.items():
+        points = []  # (mean x, round, mean, std) per round
+        for rnd, pairs in by_round.items():
+            mean = sum(v for _, v in pairs) / len(pairs)
+            std = math.sqrt(sum((v - mean) ** 2 for _, v in pairs) / len(pairs))
+            points.append((sum(x for x, _ in pairs) / len(pairs), rnd, mean, std))
         # in time order (on the simulated clock a seed's round can end later than the next round's
         # mean over the seeds that reached it)
-        rounds = sorted(by_round, key=lambda r: (sum(x for x, _ in by_round[r]) / len(by_round[r]), r))
-        xs = [sum(x for x, _ in by_round[r]) / len(by_round[r]) for r in rounds]
-        means = [sum(v for _, v in by_round[r]) / len(by_round[r]) for r in rounds]
-        stds = [math.sqrt(sum((v - m) ** 2 for _, v in by_round[r]) / len(by_round[r])) for r, m in zip(rounds, means, strict=True)]
-        out[config] = (xs, [100 * m for m in means], [100 * s for s in stds])
+        points.sort()
+        out[config] = ([p[0] for p in points], [100 * p[2] for p in points], [100 * p[3] for p in points])
     return out
 
 

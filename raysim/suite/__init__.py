@@ -25,7 +25,7 @@ The package is split by concern: :mod:`~raysim.suite.spec` (what a suite is, rea
 :mod:`~raysim.suite.tune` (running it on Ray Tune) and :mod:`~raysim.suite.results` (its tables).
 """
 
-from raysim.suite.results import collect, equal_compute_of, yaml_safe_load
+from raysim.suite.results import collect, equal_compute_of
 from raysim.suite.spec import (
     RANGE,
     SCHEDULERS,
@@ -51,6 +51,7 @@ from raysim.suite.spec import (
     to_yaml,
     trial_experiment,
     trials,
+    yaml_safe_load,
 )
 from raysim.suite.tune import run_suite, run_trial
 

@@ -96,7 +96,8 @@ def parse_against(data: Any, configs: Sequence[str], where: str) -> Against:
     return out
 
 
-def _label(value: float) -> str:
+def value_label(value: float) -> str:
+    """A value of the axis as the page shows it: ∞ for a run without the budget."""
     return "∞" if math.isinf(value) else f"{value:g}"
 
 
@@ -129,7 +130,7 @@ def _figure(against: Against, points: Mapping[str, Mapping[float, tuple[float, f
             at, [by_value[xs[i]][0] for i in at], yerr=[by_value[xs[i]][1] for i in at],
             marker="o", markersize=4, capsize=3, label=series,
         )  # fmt: skip
-    ax.set_xticks(range(len(xs)), [_label(v) for v in xs])
+    ax.set_xticks(range(len(xs)), [value_label(v) for v in xs])
     ax.set_xlabel(against.axis)
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"final {metric} against {against.axis} (mean ± std over seeds)")
@@ -156,7 +157,7 @@ def _spent(against: Against, suite_dir: Path) -> str:
         return ""
     xs = [v for _, v in against.values]
     lines = [
-        "| series | " + " | ".join(f"{against.axis} {_label(v)}: sigma, epsilon spent" for v in xs) + " |",
+        "| series | " + " | ".join(f"{against.axis} {value_label(v)}: sigma, epsilon spent" for v in xs) + " |",
         "|---|" + "---|" * len(xs),
     ]
     for series, by_value in found.items():
@@ -184,7 +185,7 @@ def against_sections(against: Against, summary: Mapping[str, Any], suite_dir: Pa
         "",
         f"Each series' final value at each {against.axis}, in %, mean ± std over seeds (a configuration "
         f"SERIES_SUFFIX is series SERIES at the suffix's {against.axis}: "
-        + ", ".join(f"`{s}` {_label(v)}" for s, v in against.values)
+        + ", ".join(f"`{s}` {value_label(v)}" for s, v in against.values)
         + ").",
         "",
     ]
@@ -196,7 +197,7 @@ def against_sections(against: Against, summary: Mapping[str, Any], suite_dir: Pa
         parts += [
             f"{metric}:",
             "",
-            "| series | " + " | ".join(f"{against.axis} {_label(v)}" for v in xs) + " |",
+            "| series | " + " | ".join(f"{against.axis} {value_label(v)}" for v in xs) + " |",
             "|---|" + "---|" * len(xs),
         ]
         for series, by_value in points.items():
@@ -218,4 +219,4 @@ def against_sections(against: Against, summary: Mapping[str, Any], suite_dir: Pa
     return parts, pngs
 
 
-__all__ = ["Against", "against_sections", "check_entry", "check_suffix", "parse_against"]
+__all__ = ["Against", "against_sections", "check_entry", "check_suffix", "parse_against", "value_label"]

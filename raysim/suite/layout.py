@@ -4,20 +4,13 @@ configuration's algorithm, and its panel from the suite file's ``regimes`` or ``
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from raysim.errors import ConfigError
 from raysim.results.curves import Layout, layout
-
-
-def _yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    data = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    return data if isinstance(data, dict) else {}
+from raysim.suite.spec import yaml_safe_load
 
 
 def suite_layout(
@@ -32,14 +25,14 @@ def suite_layout(
         if not (src / "summary.json").is_file():
             raise ConfigError(f"{src} is not a finished suite directory (it has no summary.json).")
         summary = json.loads((src / "summary.json").read_text())
-    spec = spec if spec is not None else _yaml(src / "suite.yaml")
+    spec = spec if spec is not None else yaml_safe_load(src / "suite.yaml")
     base_algo = (spec.get("base") or {}).get("algo")
     declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
     configs: list[tuple[str, str | None]] = []
     for c in summary["configs"]:
         algo = declared.get(c["config"], base_algo)
         for seed in sorted(c["seeds"])[:1]:
-            algo = _yaml(src / "runs" / f"{c['config']}-seed{seed}" / "config.yaml").get("algo", algo)
+            algo = yaml_safe_load(src / "runs" / f"{c['config']}-seed{seed}" / "config.yaml").get("algo", algo)
         configs.append((c["config"], None if algo is None else str(algo)))
     names = [name for name, _ in configs]
     where = str(src / "suite.yaml")
@@ -49,10 +42,10 @@ def suite_layout(
 
         suffixes = list(parse_regimes(spec["regimes"], names, where).suffixes)
     elif spec.get("against") is not None:
-        from raysim.suite.against import parse_against
+        from raysim.suite.against import parse_against, value_label
 
         against = parse_against(spec["against"], names, where)
-        suffixes = [(s, f"{against.axis} = {'∞' if math.isinf(v) else f'{v:g}'}") for s, v in against.values]
+        suffixes = [(s, f"{against.axis} = {value_label(v)}") for s, v in against.values]
     return layout(configs, suffixes)
 
 

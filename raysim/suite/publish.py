@@ -140,8 +140,7 @@ def _paper_sections(spec: dict[str, Any], src: Path, summary: dict[str, Any], ro
         trial_times,
         trial_values,
     )
-    from raysim.suite.results import yaml_safe_load
-    from raysim.suite.spec import dotted
+    from raysim.suite.spec import dotted, yaml_safe_load
 
     # the suite's configurations, run or not (a claim on a row that never finished cannot be told)
     names = [c["config"] for c in summary["configs"]]
@@ -220,7 +219,7 @@ def publish(
     rows = pq.read_table(src / "metrics.parquet").to_pylist()
     against_pngs: list[Path] = []
     from raysim.suite.layout import suite_layout
-    from raysim.suite.results import yaml_safe_load
+    from raysim.suite.spec import yaml_safe_load
 
     spec = yaml_safe_load(src / "suite.yaml")
     if suite_file is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from raysim.results.metrics import METRICS, MetricHistory
-from raysim.suite.spec import TRIAL_FILE, Suite
+from raysim.suite.spec import TRIAL_FILE, Suite, yaml_safe_load
 
 
 def equal_compute_of(run_dir: Path) -> tuple[int, int, int] | None:
@@ -193,11 +193,4 @@ def _stat(runs: list[dict[str, Any]], which: str, fn: Any) -> dict[str, float | 
     return out
 
 
-def yaml_safe_load(path: Path) -> dict[str, Any]:
-    import yaml
-
-    data = yaml.safe_load(path.read_text()) if path.exists() else {}
-    return data if isinstance(data, dict) else {}
-
-
-__all__ = ["collect", "equal_compute_of", "source_commit", "yaml_safe_load"]
+__all__ = ["collect", "equal_compute_of", "source_commit"]

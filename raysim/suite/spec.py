@@ -237,6 +237,14 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name).strip("_") or "run"
 
 
+def yaml_safe_load(path: Path) -> dict[str, Any]:
+    """A YAML file's mapping: {} where the file is missing or holds something else."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    return data if isinstance(data, dict) else {}
+
+
 def load_suite(path: str | Path) -> Suite:
     """A suite from its YAML (or TOML/JSON) file: ``name``, ``description``, ``base`` (settings
     of every trial), ``configs`` (a list of ``{name, set, paper}``), ``grid`` (settings to cross
@@ -748,4 +756,5 @@ __all__ = [
     "trials",
     "with_references",
     "write_yaml",
+    "yaml_safe_load",
 ]
