@@ -52,10 +52,12 @@ def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str,
     return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]
 
 
-def run_trial(params: dict[str, Any]) -> None:
+def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     """One trial, inside its placement group on the suite's Ray session: the experiment as run.py
     runs it, reporting every evaluation to Tune; it goes on from its own checkpoint if it has one
-    (a resumed suite)."""
+    (a resumed suite). ``suite_dir`` is the directory the suite runs in now, handed to every trial
+    at each start (not kept in the trial's parameters): a suite directory moved to another disk or
+    machine resumes where it is."""
     from ray import tune
 
     from raysim import checkpoint as checkpoint_mod
@@ -65,9 +67,8 @@ def run_trial(params: dict[str, Any]) -> None:
     trial = Trial(t["config"], int(t["seed"]), t["settings"])
     sampled = params.get("search") or {}
     name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
-    suite_dir = Path(t["suite_dir"])
-    run_dir = suite_dir / "runs" / name
-    exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), suite_dir)
+    run_dir = Path(suite_dir) / "runs" / name
+    exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), Path(suite_dir))
     if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
         tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
         return
@@ -78,7 +79,7 @@ def run_trial(params: dict[str, Any]) -> None:
     (run_dir / TRIAL_FILE).write_text(
         json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
     )
-    with open(suite_dir / STARTS_FILE, "a") as f:
+    with open(Path(suite_dir) / STARTS_FILE, "a") as f:
         f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f} {os.getpid()}\n")
     try:
         run_experiment(exp, [TuneReporter()], resume=resume)
@@ -206,7 +207,7 @@ def _stage(
         return 0
     prepare_trackers(suite, suite_dir, todo)
     trainable = tune.with_resources(
-        run_trial,
+        tune.with_parameters(run_trial, suite_dir=str(suite_dir)),
         lambda params: tune.PlacementGroupFactory(
             trial_resources(
                 trial_experiment(Trial("resources", 0, params["trial"]["settings"]), suite_dir).cfg,
@@ -282,7 +283,6 @@ def _param_space(suite: Suite, suite_dir: Path, todo: list[Trial], main: bool) -
                     "config": t.config,
                     "seed": t.seed,
                     "settings": dict(t.settings),
-                    "suite_dir": str(suite_dir),
                     "suite": suite.name,
                     "pair": not main,
                 }

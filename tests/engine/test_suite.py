@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -315,12 +316,14 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     """Three trials, one at a time. Ctrl-C once the first is done and the second has a checkpoint;
     --resume, then kill -9 of the driver (and with it its local Ray) once the second is done and the
     third has a checkpoint; --resume again. The finished trials never run again, the stopped ones
-    go on from their checkpoints, and the table and summary.json are the uninterrupted suite's."""
+    go on from their checkpoints, and the table and summary.json are the uninterrupted suite's. The
+    suite directory is moved between the stop and the first --resume (as to another machine): the
+    resumed trials write where it now is."""
     from raysim.suite import run_suite
 
     run = [*TINY, "--rounds", "40", "--checkpoint-every", "1", "--eval-every", "2"]
     sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
-    stopped = tmp_path / "stopped"
+    begun, stopped = tmp_path / "begun", tmp_path / "stopped"
 
     def start(*args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -328,11 +331,11 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
-    def wait_until(proc: subprocess.Popen[str], finished: int) -> None:
+    def wait_until(proc: subprocess.Popen[str], finished: int, suite_dir: Path = stopped) -> None:
         """Until ``finished`` trials are done and another has a checkpoint but no summary yet."""
 
         def there() -> bool:
-            runs = list((stopped / "runs").glob("*")) if (stopped / "runs").exists() else []
+            runs = list((suite_dir / "runs").glob("*")) if (suite_dir / "runs").exists() else []
             done = [r for r in runs if (r / "summary.json").exists()]
             going = [r for r in runs if (r / "checkpoint.pkl").exists() and not (r / "summary.json").exists()]
             return len(done) == finished and bool(going)
@@ -345,12 +348,13 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     def finished() -> set[str]:
         return {p.parent.name for p in (stopped / "runs").glob("*/summary.json")}
 
-    proc = start("--algo", "fedavg", "--seeds", "0-2", "--max-concurrent", "1", *run, "--out", str(stopped))
-    wait_until(proc, 1)
+    proc = start("--algo", "fedavg", "--seeds", "0-2", "--max-concurrent", "1", *run, "--out", str(begun))
+    wait_until(proc, 1, begun)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "--resume" in err
+    shutil.move(begun, stopped)
     (first,) = finished()
     proc = start("--resume", str(stopped))
     wait_until(proc, 2)
@@ -384,6 +388,7 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
         return {k: v for k, v in json.loads((suite_dir / "summary.json").read_text()).items() if k != "suite_dir"}
 
     assert table_of(stopped) == table_of(tmp_path / "whole")
+    assert not begun.exists()  # nothing went back to where the suite began
 
 
 @pytest.mark.ray
