@@ -67,8 +67,9 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     trial = Trial(t["config"], int(t["seed"]), t["settings"])
     sampled = params.get("search") or {}
     name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
-    run_dir = Path(suite_dir) / "runs" / name
-    exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), Path(suite_dir))
+    root = Path(suite_dir)
+    run_dir = root / "runs" / name
+    exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), root)
     if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
         tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
         return
@@ -79,7 +80,7 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     (run_dir / TRIAL_FILE).write_text(
         json.dumps({"config": trial.config, "seed": trial.seed, "sampled": sampled, "pair": t.get("pair", False)})
     )
-    with open(Path(suite_dir) / STARTS_FILE, "a") as f:
+    with open(root / STARTS_FILE, "a") as f:
         f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f} {os.getpid()}\n")
     try:
         run_experiment(exp, [TuneReporter()], resume=resume)
