@@ -1,7 +1,9 @@
 """Compare raysim runs: ``raysim report runs/a runs/b --out /tmp/report`` (or ``python scripts/report.py``).
 
 ``raysim report --publish SUITE_DIR docs/results/NAME`` writes a suite's published page instead
-(:mod:`raysim.suite.publish`).
+(:mod:`raysim.suite.publish`), and ``raysim report --record SUITE_DIR DEST`` a suite's record, the
+slim copy of its directory that a page is drawn from and a suite resumed from
+(:mod:`raysim.suite.records`).
 
 Writes ``accuracy_<metric>.png`` (accuracy in % against round, a line per run), ``train_loss.png`` and
 ``report.md`` (a table of each run's setting and best/final accuracies, then links to the plots) into
@@ -55,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="SUITE_DIR OUT_DIR: write the suite's results page into OUT_DIR (e.g. docs/results/NAME) and "
         "the index beside it",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="SUITE_DIR DEST: copy the suite's record (its file, and each trial's settings, metrics and "
+        "summary: kilobytes a trial) into DEST, a suite directory that --publish draws and "
+        "scripts/sweep.py --resume finishes",
+    )
     p.add_argument("--commit", help="with --publish: the code's commit, when the suite did not record it")
     p.add_argument(
         "--suite-file",
@@ -74,6 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.suite_file is not None and not args.publish:
             raise ConfigError("--suite-file goes with --publish: it names the claims a published page judges.")
+        if args.record:
+            if args.publish:
+                raise ConfigError("--record and --publish are two commands: give one of them.")
+            if len(args.runs) != 2:
+                raise ConfigError("--record takes a suite directory and where its record goes: SUITE_DIR DEST.")
+            from raysim.suite.records import copy_record
+
+            kept = copy_record(args.runs[0], args.runs[1])
+            print(f"{args.runs[1]}: the record of {len(kept)} trials")
+            return 0
         if args.publish:
             if len(args.runs) != 2:
                 raise ConfigError("--publish takes a suite directory and the page's directory: SUITE_DIR OUT_DIR.")

@@ -114,6 +114,57 @@ def test_publishing_what_is_not_a_suite_directory_is_refused(tmp_path: Path, cap
     assert console_main(["report", "--publish", str(tmp_path)]) == 2
 
 
+def test_a_pages_record_is_the_suites_slim_copy_and_publishes_the_same_page(tmp_path: Path) -> None:
+    """The page keeps its suite's record in ``suite/``: the suite's own files and, per trial, only
+    its settings, metrics and summary (no checkpoint, TensorBoard events or per-client tables).
+    Published again from that record, the page is the same to the byte, and the record stays."""
+    suite_dir = make_suite_dir(tmp_path)
+    for run in (suite_dir / "runs").iterdir():  # what a trial's directory has beside its record
+        (run / "checkpoint.pkl").write_bytes(b"state")
+    out = tmp_path / "page"
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "-q"]) == 0
+    record = out / "suite"
+    assert sorted(p.name for p in record.iterdir()) == sorted(
+        ["suite.yaml", "summary.json", "metrics.parquet", "runs"]  # no trial_starts.log: trials run by hand here
+    )
+    runs = sorted(p.name for p in (record / "runs").iterdir())
+    assert runs == sorted(p.name for p in (suite_dir / "runs").iterdir()) and len(runs) == 8
+    for name in runs:
+        kept = {p.name: p.read_bytes() for p in (record / "runs" / name).iterdir()}
+        assert sorted(kept) == sorted(["trial.json", "config.yaml", "summary.json", "metrics.parquet"])
+        assert all(data == (suite_dir / "runs" / name / f).read_bytes() for f, data in kept.items())
+    first = (out / "README.md").read_text()
+    assert "[`suite/`](suite/)" in first
+    assert console_main(["report", "--publish", str(record), str(out), "-q"]) == 0
+    assert (out / "README.md").read_text() == first
+    assert len(list((record / "runs").iterdir())) == 8
+    # a record can be written again over itself's older copy, and carried elsewhere by hand
+    assert console_main(["report", "--record", str(suite_dir), str(tmp_path / "carried")]) == 0
+    assert console_main(["report", "--record", str(suite_dir), str(tmp_path / "carried")]) == 0
+    assert sorted(p.name for p in (tmp_path / "carried" / "runs").iterdir()) == runs
+
+
+def test_a_record_refuses_what_it_would_lose_or_cannot_copy(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    suite_dir = make_suite_dir(tmp_path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "thesis.tex").write_text("mine")
+    cases = [
+        (["--record", str(tmp_path / "other"), str(tmp_path / "r")], "is not a suite directory"),
+        (["--record", str(suite_dir), str(suite_dir / "record")], "outside its suite directory"),
+        (["--record", str(suite_dir), str(suite_dir)], "outside its suite directory"),
+        (["--record", str(suite_dir), str(tmp_path / "other")], "is not a suite's record"),
+        (["--record", str(suite_dir), str(tmp_path / "tiny.yaml")], "is not a suite's record"),
+        (["--record", str(suite_dir)], "SUITE_DIR DEST"),
+        (["--record", "--publish", str(suite_dir), str(tmp_path / "r")], "two commands"),
+    ]
+    for args, said in cases:
+        assert console_main(["report", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, (args, err)
+    assert (tmp_path / "other" / "thesis.tex").read_text() == "mine"
+    assert not (suite_dir / "record").exists() and not (tmp_path / "r").exists()
+
+
 DEPLOYED = SUITE.replace(
     """seeds: 0-1
 grid:

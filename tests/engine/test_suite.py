@@ -320,6 +320,7 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     suite directory is moved between the stop and the first --resume (as to another machine): the
     resumed trials write where it now is."""
     from raysim.suite import run_suite
+    from raysim.suite.records import copy_record
 
     run = [*TINY, "--rounds", "40", "--checkpoint-every", "1", "--eval-every", "2"]
     sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
@@ -389,6 +390,16 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
 
     assert table_of(stopped) == table_of(tmp_path / "whole")
     assert not begun.exists()  # nothing went back to where the suite began
+    # its record (raysim.suite.records: kilobytes a trial) carried elsewhere without the third
+    # trial: --resume of the record runs that trial alone, from its start, to the same table
+    carried = tmp_path / "carried"
+    copy_record(stopped, carried)
+    shutil.rmtree(carried / "runs" / third)
+    before = (carried / "trial_starts.log").read_text().splitlines()
+    run_suite(load_suite(carried / "suite.yaml"), carried, resume=True, progress=False)
+    after = (carried / "trial_starts.log").read_text().splitlines()
+    assert after[: len(before)] == before and [line.split()[:2] for line in after[len(before) :]] == [[third, "start"]]
+    assert table_of(carried) == table_of(tmp_path / "whole")
 
 
 @pytest.mark.ray
