@@ -216,6 +216,11 @@ def publish(
         )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} exists and is not a directory.")
+    record = out / RECORD
+    if record.resolve() != src.resolve():  # the record beside the page: refused now, not after the page
+        from raysim.suite.records import check_record
+
+        check_record(src, record)
     summary = json.loads((src / "summary.json").read_text())
     commit = summary.get("commit") or commit
     out.mkdir(parents=True, exist_ok=True)
@@ -305,7 +310,6 @@ def publish(
         parts += ["## Notes", "", (out / NOTES).read_text().strip(), ""]
     page = out / PAGE
     page.write_text("\n".join(parts).rstrip() + "\n")
-    record = out / RECORD
     if record.resolve() != src.resolve():  # published from its own record: that stays as it is
         from raysim.suite.records import copy_record
 

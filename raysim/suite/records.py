@@ -33,13 +33,7 @@ def copy_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str])
     dropped from the suite leaves it too): the suite's own files and, for each trial that wrote
     metrics, its record files. ``dest`` may not be ``suite_dir`` nor hold anything but a record.
     Returns the names of the trials kept, sorted."""
-    src, out = Path(suite_dir).resolve(), Path(dest).resolve()
-    if not (src / SUITE_FILE).is_file():
-        raise ConfigError(f"{src} is not a suite directory (it has no {SUITE_FILE}).")
-    if out == src or src in out.parents:
-        raise ConfigError(f"a suite's record goes outside its suite directory, not into {out}.")
-    if out.exists() and (not out.is_dir() or _foreign(out)):
-        raise ConfigError(f"{out} exists and is not a suite's record; give a new directory or a record to replace.")
+    src, out = check_record(suite_dir, dest)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     kept: list[str] = []
@@ -65,6 +59,20 @@ def copy_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str])
     return kept
 
 
+def check_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Refuse, in one sentence, a record ``copy_record`` cannot write or that would lose something:
+    a source that is no suite directory, a destination inside it, or one that holds more than a
+    record. Returns both paths resolved."""
+    src, out = Path(suite_dir).resolve(), Path(dest).resolve()
+    if not (src / SUITE_FILE).is_file():
+        raise ConfigError(f"{src} is not a suite directory (it has no {SUITE_FILE}).")
+    if out == src or src in out.parents:
+        raise ConfigError(f"a suite's record goes outside its suite directory, not into {out}.")
+    if out.exists() and (not out.is_dir() or _foreign(out)):
+        raise ConfigError(f"{out} exists and is not a suite's record; give a new directory or a record to replace.")
+    return src, out
+
+
 def _foreign(path: Path) -> bool:
     """Whether ``path`` holds something a record would not: a replaced record loses nothing else."""
     allowed = {*SUITE_RECORD, "runs"}
@@ -78,4 +86,4 @@ def _foreign(path: Path) -> bool:
     return False
 
 
-__all__ = ["SUITE_RECORD", "TRIAL_RECORD", "copy_record"]
+__all__ = ["SUITE_RECORD", "TRIAL_RECORD", "check_record", "copy_record"]

@@ -157,12 +157,19 @@ def test_a_record_refuses_what_it_would_lose_or_cannot_copy(tmp_path: Path, caps
         (["--record", str(suite_dir)], "SUITE_DIR DEST"),
         (["--record", "--publish", str(suite_dir), str(tmp_path / "r")], "two commands"),
     ]
+    (tmp_path / "page" / "suite").mkdir(parents=True)  # a page whose suite/ is someone else's
+    (tmp_path / "page" / "suite" / "draft.md").write_text("mine")
+    cases += [
+        (["--publish", str(suite_dir), str(suite_dir / "page")], "outside its suite directory"),
+        (["--publish", str(suite_dir), str(tmp_path / "page")], "is not a suite's record"),
+    ]
     for args, said in cases:
         assert console_main(["report", *args]) == 2, args
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, (args, err)
     assert (tmp_path / "other" / "thesis.tex").read_text() == "mine"
     assert not (suite_dir / "record").exists() and not (tmp_path / "r").exists()
+    assert not (suite_dir / "page").exists() and sorted(p.name for p in (tmp_path / "page").iterdir()) == ["suite"]
 
 
 DEPLOYED = SUITE.replace(
