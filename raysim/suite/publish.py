@@ -217,7 +217,8 @@ def publish(
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} exists and is not a directory.")
     record = out / RECORD
-    if record.resolve() != src.resolve():  # the record beside the page: refused now, not after the page
+    own_record = record.resolve() == src.resolve()  # published from its own record: that stays as it is
+    if not own_record:  # the record beside the page: refused now, not after the page is written
         from raysim.suite.records import check_record
 
         check_record(src, record)
@@ -310,7 +311,7 @@ def publish(
         parts += ["## Notes", "", (out / NOTES).read_text().strip(), ""]
     page = out / PAGE
     page.write_text("\n".join(parts).rstrip() + "\n")
-    if record.resolve() != src.resolve():  # published from its own record: that stays as it is
+    if not own_record:
         from raysim.suite.records import copy_record
 
         copy_record(src, record)
