@@ -78,6 +78,8 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
     #: privacy.*: epsilon, delta, noise_multiplier, accountant, sampling (raysim.privacy)
     privacy: dict[str, Any] = field(default_factory=dict)
+    #: the machine that ran the round loop (:func:`machine`)
+    machine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def train_time_s(self) -> float:
@@ -105,8 +107,46 @@ class RunResult:
             "shutdown_s": round(self.shutdown_s, 3),
             "worker_restarts": self.worker_restarts,
             **self.privacy,
+            "machine": self.machine,
             "run_dir": str(self.run_dir),
         }
+
+
+def _processor() -> str:
+    """The processor's model name: /proc/cpuinfo's on Linux, else what :mod:`platform` says."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers depend on beyond the config and the seed: the processor, the instruction set
+    PyTorch's CPU kernels dispatch to (``cpu_capability``: AVX512, AVX2, ...; floating-point results
+    differ between them in the last bits, and over many rounds in the digits shown), the CPUs, the
+    GPU where this process used one (asking otherwise would start CUDA here), and the versions. The
+    process's own machine: Ray workers on other nodes, or on a GPU this process never touched, may
+    differ."""
+    import os
+    import platform
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    return {
+        "processor": _processor(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpus": os.cpu_count(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 class StopRequest:
@@ -293,6 +333,7 @@ def run_experiment(
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
         privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows, exp.params),
+        machine=machine(),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

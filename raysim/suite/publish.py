@@ -112,6 +112,27 @@ def _wall_time(suite_dir: Path) -> list[str]:
     return out
 
 
+def _machines(suite_dir: Path) -> list[str]:
+    """Which machines ran the trials (each trial's ``summary.json`` ``machine``), with how many each:
+    the processor, the instruction set PyTorch dispatched to, the CPUs, the GPU and PyTorch's version,
+    what a rerun elsewhere may differ in beyond the seed; "not recorded" for trials that predate it."""
+    counts: dict[str, int] = {}
+    for s in sorted((suite_dir / "runs").glob("*/summary.json")):
+        m = json.loads(s.read_text()).get("machine")
+        if m:
+            name = f"{m['processor']} ({m['cpu_capability']}, {m['cpus']} CPUs"
+            name += f", {m['gpu']})" if m.get("gpu") else ")"
+            name += f", torch {m['torch']}"
+        else:
+            name = "not recorded"
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return []
+    order = sorted(counts, key=lambda name: (name == "not recorded", -counts[name], name))
+    parts = [f"{name} ({counts[name]} trial{'s' if counts[name] != 1 else ''})" for name in order]
+    return [f"- {'machine' if len(parts) == 1 else 'machines'}: {'; '.join(parts)}"]
+
+
 def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
     """A markdown table, one row per configuration: the mean over its seeds of each trial's own
     training and evaluation time per round (``train_time_s``, ``eval_time_s`` over ``rounds``, from
@@ -258,6 +279,7 @@ def publish(
         *_budget(spec.get("base", {}), summary),
         f"- code: {'commit `' + commit + '`' if commit else 'commit not recorded'}",
         *_wall_time(src),
+        *_machines(src),
         "",
         "## Results",
         "",

@@ -291,3 +291,34 @@ def test_a_suite_run_with_analyses_gets_its_trials_per_class_accuracy(tmp_path: 
     header, row = class_rows((out / "README.md").read_text())
     assert header == ["configuration", *map(str, range(len(want)))]
     assert row == ["fedavg", *want]
+
+
+def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
+    """Each trial's summary.json records the machine that ran it (the processor, the instruction set
+    PyTorch's kernels dispatched to, the CPUs, PyTorch's version); the page's budget counts trials per
+    machine, and trials from before the record as "not recorded"."""
+    import os
+
+    import torch
+
+    suite_dir = make_suite_dir(tmp_path)
+    runs = sorted((suite_dir / "runs").glob("*/summary.json"))
+    mine = json.loads(runs[0].read_text())["machine"]
+    assert mine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert mine["cpus"] == os.cpu_count() and mine["torch"] == torch.__version__ and mine["processor"]
+    assert mine["gpu"] is None  # the serial trials never touched CUDA
+    # two trials from another machine, one from before summaries named theirs
+    other = {**mine, "processor": "AMD EPYC 7B13", "cpu_capability": "AVX2", "cpus": 16}
+    for path, machine in ((runs[0], other), (runs[1], other), (runs[2], None)):
+        summary = json.loads(path.read_text())
+        if machine is None:
+            del summary["machine"]
+        else:
+            summary["machine"] = machine
+        path.write_text(json.dumps(summary))
+    out = tmp_path / "page"
+    assert console_main(["report", "--publish", str(suite_dir), str(out), "-q"]) == 0
+    budget = (out / "README.md").read_text().split("## Budget")[1].split("## Results")[0]
+    here = f"{mine['processor']} ({mine['cpu_capability']}, {mine['cpus']} CPUs), torch {mine['torch']}"
+    want = f"- machines: {here} (5 trials); AMD EPYC 7B13 (AVX2, 16 CPUs), torch {mine['torch']} (2 trials); not recorded (1 trial)"
+    assert want in budget.splitlines()
