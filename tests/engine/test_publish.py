@@ -306,10 +306,12 @@ def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
     mine = json.loads(runs[0].read_text())["machine"]
     assert mine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert mine["cpus"] == os.cpu_count() and mine["torch"] == torch.__version__ and mine["processor"]
-    assert mine["gpu"] is None  # the serial trials never touched CUDA
-    # two trials from another machine, one from before summaries named theirs
+    used = torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    assert mine["gpu"] == used  # named only where this process started CUDA
+    # two trials from another machine, one from before summaries named theirs, five from this one
+    mine = {**mine, "gpu": None}
     other = {**mine, "processor": "AMD EPYC 7B13", "cpu_capability": "AVX2", "cpus": 16}
-    for path, machine in ((runs[0], other), (runs[1], other), (runs[2], None)):
+    for path, machine in zip(runs, [other, other, None, *[mine] * 5], strict=True):
         summary = json.loads(path.read_text())
         if machine is None:
             del summary["machine"]
