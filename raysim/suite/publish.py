@@ -88,16 +88,21 @@ def _budget(base: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def _wall_time(suite_dir: Path) -> list[str]:
+def _trial_summaries(suite_dir: Path) -> list[tuple[float, dict[str, Any]]]:
+    """Each finished trial's ``summary.json``, read once for the budget's lines, with the time it was
+    written (the trial's end)."""
+    return [
+        (s.stat().st_mtime, json.loads(s.read_text())) for s in sorted((suite_dir / "runs").glob("*/summary.json"))
+    ]
+
+
+def _wall_time(suite_dir: Path, trials: list[tuple[float, dict[str, Any]]]) -> list[str]:
     """The suite's elapsed time (first trial start to last trial end, any pause included) and the
     sum of its trials' own times (set-up, training, evaluation)."""
     from raysim.suite.spec import STARTS_FILE
 
-    ends, spent = [], 0.0
-    for s in (suite_dir / "runs").glob("*/summary.json"):
-        ends.append(s.stat().st_mtime)
-        run = json.loads(s.read_text())
-        spent += sum(float(run.get(k) or 0.0) for k in ("setup_time_s", "train_time_s", "eval_time_s"))
+    ends = [end for end, _ in trials]
+    spent = sum(float(run.get(k) or 0.0) for _, run in trials for k in ("setup_time_s", "train_time_s", "eval_time_s"))
     starts_file = suite_dir / STARTS_FILE
     starts = (
         [float(line.split()[2]) for line in starts_file.read_text().splitlines() if line]
@@ -112,20 +117,20 @@ def _wall_time(suite_dir: Path) -> list[str]:
     return out
 
 
-def _machines(suite_dir: Path) -> list[str]:
+def _machine_name(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "not recorded"
+    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    return f"{m['processor']} ({m['cpu_capability']}, {m['cpus']} CPUs{gpu}), torch {m['torch']}"
+
+
+def _machines(trials: list[tuple[float, dict[str, Any]]]) -> list[str]:
     """Which machines ran the trials (each trial's ``summary.json`` ``machine``), with how many each:
     the processor, the instruction set PyTorch dispatched to, the CPUs, the GPU and PyTorch's version,
     what a rerun elsewhere may differ in beyond the seed; "not recorded" for trials that predate it."""
-    counts: dict[str, int] = {}
-    for s in sorted((suite_dir / "runs").glob("*/summary.json")):
-        m = json.loads(s.read_text()).get("machine")
-        if m:
-            name = f"{m['processor']} ({m['cpu_capability']}, {m['cpus']} CPUs"
-            name += f", {m['gpu']})" if m.get("gpu") else ")"
-            name += f", torch {m['torch']}"
-        else:
-            name = "not recorded"
-        counts[name] = counts.get(name, 0) + 1
+    from collections import Counter
+
+    counts = Counter(_machine_name(run.get("machine")) for _, run in trials)
     if not counts:
         return []
     order = sorted(counts, key=lambda name: (name == "not recorded", -counts[name], name))
@@ -244,6 +249,7 @@ def publish(
 
         check_record(src, record)
     summary = json.loads((src / "summary.json").read_text())
+    trials = _trial_summaries(src)
     commit = summary.get("commit") or commit
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "summary.json", out / "summary.json")
@@ -278,8 +284,8 @@ def publish(
         "## Budget",
         *_budget(spec.get("base", {}), summary),
         f"- code: {'commit `' + commit + '`' if commit else 'commit not recorded'}",
-        *_wall_time(src),
-        *_machines(src),
+        *_wall_time(src, trials),
+        *_machines(trials),
         "",
         "## Results",
         "",
