@@ -40,7 +40,7 @@ def copy_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str])
     try:
         for name in SUITE_RECORD:
             if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
+                shutil.copy2(src / name, tmp / name)
         for trial in sorted((src / "runs").glob(f"*/{TRIAL_FILE}")):
             run = trial.parent
             if not (run / "metrics.parquet").is_file():
@@ -48,7 +48,7 @@ def copy_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str])
             (tmp / "runs" / run.name).mkdir(parents=True)
             for name in TRIAL_RECORD:
                 if (run / name).is_file():
-                    shutil.copyfile(run / name, tmp / "runs" / run.name / name)
+                    shutil.copy2(run / name, tmp / "runs" / run.name / name)
             kept.append(run.name)
         if out.exists():
             shutil.rmtree(out)

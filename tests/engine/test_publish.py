@@ -133,6 +133,10 @@ def test_a_pages_record_is_the_suites_slim_copy_and_publishes_the_same_page(tmp_
         kept = {p.name: p.read_bytes() for p in (record / "runs" / name).iterdir()}
         assert sorted(kept) == sorted(["trial.json", "config.yaml", "summary.json", "metrics.parquet"])
         assert all(data == (suite_dir / "runs" / name / f).read_bytes() for f, data in kept.items())
+        # the times too: a summary's is its trial's end, which the page's elapsed time reads
+        assert all(
+            (record / "runs" / name / f).stat().st_mtime == (suite_dir / "runs" / name / f).stat().st_mtime for f in kept
+        )
     first = (out / "README.md").read_text()
     assert "[`suite/`](suite/)" in first
     assert console_main(["report", "--publish", str(record), str(out), "-q"]) == 0
