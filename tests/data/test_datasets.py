@@ -441,14 +441,15 @@ def test_features_wants_sample_indices(make) -> None:
         ds.features(np.array([len(ds)]))
 
 
-def test_features_is_fast_on_cifar_sized_data() -> None:
+def test_features_of_a_large_clients_slice_of_cifar_sized_data() -> None:
+    """A 4,000-sample client of a CIFAR-sized set gets its images normalised per channel, as float32
+    and its own array (its time is scripts/bench/data_prep.py's)."""
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(60000, 3, 32, 32), dtype=np.uint8)
     ds = ArrayDataset(x, rng.integers(0, 10, size=60000), 10, "cifar-like", CIFAR10_MEAN, CIFAR10_STD)
     idx = np.sort(rng.choice(60000, 4000, replace=False))  # a big client's samples
-    ds.features(idx)
-    start = time.perf_counter()
     got = ds.features(idx)
-    elapsed = time.perf_counter() - start
-    assert got.shape == (4000, 3, 32, 32)
-    assert elapsed < 0.5, f"features of 4000 CIFAR images took {elapsed:.3f} s"
+    assert got.shape == (4000, 3, 32, 32) and got.dtype == np.float32 and not np.may_share_memory(got, x)
+    mean = np.asarray(CIFAR10_MEAN, np.float64).reshape(1, 3, 1, 1)
+    std = np.asarray(CIFAR10_STD, np.float64).reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(got, (x[idx] / 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
