@@ -88,28 +88,42 @@ def _budget(base: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def _trial_summaries(suite_dir: Path) -> list[tuple[float, dict[str, Any]]]:
-    """Each finished trial's ``summary.json``, read once for the budget's lines, with the time it was
-    written (the trial's end)."""
-    return [
-        (s.stat().st_mtime, json.loads(s.read_text())) for s in sorted((suite_dir / "runs").glob("*/summary.json"))
-    ]
+def _trial_summaries(suite_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each finished trial's ``summary.json`` by its name, read once for the budget's lines."""
+    return {s.parent.name: json.loads(s.read_text()) for s in sorted((suite_dir / "runs").glob("*/summary.json"))}
 
 
-def _wall_time(suite_dir: Path, trials: list[tuple[float, dict[str, Any]]]) -> list[str]:
+def _wall_time(suite_dir: Path, trials: dict[str, dict[str, Any]]) -> list[str]:
     """The suite's elapsed time (first trial start to last trial end, any pause included) and the
-    sum of its trials' own times (set-up, training, evaluation)."""
+    sum of its trials' own times (set-up, training, evaluation).
+
+    Both ends come from the suite's ``trial_starts.log``, never from file times (a record's copy or
+    a git checkout stamps its own): a trial's end is its ``end`` line or, in a log written before
+    trials wrote one, its last start or resume plus its own time."""
     from raysim.suite.spec import STARTS_FILE
 
-    ends = [end for end, _ in trials]
-    spent = sum(float(run.get(k) or 0.0) for _, run in trials for k in ("setup_time_s", "train_time_s", "eval_time_s"))
+    def own(run: dict[str, Any]) -> float:
+        return sum(float(run.get(k) or 0.0) for k in ("setup_time_s", "train_time_s", "eval_time_s"))
+
+    out = [f"- trials' own time, summed: {sum(own(run) for run in trials.values()) / 3600:.2f} h"]
     starts_file = suite_dir / STARTS_FILE
-    starts = (
-        [float(line.split()[2]) for line in starts_file.read_text().splitlines() if line]
-        if starts_file.exists()
-        else []
-    )
-    out = [f"- trials' own time, summed: {spent / 3600:.2f} h"]
+    starts: list[float] = []
+    last_start: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    for line in starts_file.read_text().splitlines() if starts_file.exists() else []:
+        if not line.strip():
+            continue
+        name, what, at = line.split()[:3]
+        if what == "end":
+            ended[name] = float(at)
+        else:
+            last_start[name] = float(at)
+            starts.append(float(at))
+    ends = [
+        ended[name] if name in ended else last_start[name] + own(run)
+        for name, run in trials.items()
+        if name in ended or name in last_start
+    ]
     if starts and ends:
         out.append(
             f"- elapsed, first trial start to last trial end (pauses included): {(max(ends) - min(starts)) / 3600:.2f} h"
@@ -124,13 +138,13 @@ def _machine_name(m: dict[str, Any] | None) -> str:
     return f"{m['processor']} ({m['cpu_capability']}, {m['cpus']} CPUs{gpu}), torch {m['torch']}"
 
 
-def _machines(trials: list[tuple[float, dict[str, Any]]]) -> list[str]:
+def _machines(trials: dict[str, dict[str, Any]]) -> list[str]:
     """Which machines ran the trials (each trial's ``summary.json`` ``machine``), with how many each:
     the processor, the instruction set PyTorch dispatched to, the CPUs, the GPU and PyTorch's version,
     what a rerun elsewhere may differ in beyond the seed; "not recorded" for trials that predate it."""
     from collections import Counter
 
-    counts = Counter(_machine_name(run.get("machine")) for _, run in trials)
+    counts = Counter(_machine_name(run.get("machine")) for run in trials.values())
     if not counts:
         return []
     order = sorted(counts, key=lambda name: (name == "not recorded", -counts[name], name))

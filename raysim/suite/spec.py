@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from raysim.suite.claims import Claim
 
 SUITE_FILE = "suite.yaml"
-STARTS_FILE = "trial_starts.log"  # a line each time a trial's experiment starts (or resumes): name, start|resume, time, pid
+#: a line each time a trial's experiment starts, resumes or ends: name, start|resume|end, time, pid
+STARTS_FILE = "trial_starts.log"
 TRIAL_FILE = "trial.json"  # in a trial's run directory: its configuration, seed and sampled settings
 #: range syntax for a searched setting: ``loguniform(1e-3, 1e-1)``, ``choice(3, 5, 10)``, ...
 RANGE = re.compile(r"^\s*(uniform|loguniform|randint|qrandint|choice|quniform)\s*\((.*)\)\s*$")

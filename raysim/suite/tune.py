@@ -86,6 +86,9 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
         run_experiment(exp, [TuneReporter()], resume=resume)
     except ConfigError as e:  # what only the data tells (an impossible partition): the suite ends with it
         (run_dir / REFUSED_FILE).write_text(str(e))
+        return
+    with open(root / STARTS_FILE, "a") as f:  # its end: the page's elapsed time reads it, not file times
+        f.write(f"{name} end {time.time():.3f} {os.getpid()}\n")
 
 
 def suite_store(suite_dir: Path) -> str:

@@ -133,7 +133,7 @@ def test_a_pages_record_is_the_suites_slim_copy_and_publishes_the_same_page(tmp_
         kept = {p.name: p.read_bytes() for p in (record / "runs" / name).iterdir()}
         assert sorted(kept) == sorted(["trial.json", "config.yaml", "summary.json", "metrics.parquet"])
         assert all(data == (suite_dir / "runs" / name / f).read_bytes() for f, data in kept.items())
-        # the times too: a summary's is its trial's end, which the page's elapsed time reads
+        # the files' times too, as `cp -p` keeps them (the page reads none: its times are in trial_starts.log)
         assert all(
             (record / "runs" / name / f).stat().st_mtime == (suite_dir / "runs" / name / f).stat().st_mtime for f in kept
         )
@@ -328,3 +328,38 @@ def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
     here = f"{mine['processor']} ({mine['cpu_capability']}, {mine['cpus']} CPUs), torch {mine['torch']}"
     want = f"- machines: {here} (5 trials); AMD EPYC 7B13 (AVX2, 16 CPUs), torch {mine['torch']} (2 trials); not recorded (1 trial)"
     assert want in budget.splitlines()
+
+
+def test_the_elapsed_time_comes_from_the_suites_log_not_from_file_times(tmp_path: Path) -> None:
+    """The budget's elapsed time runs from the first start in ``trial_starts.log`` to the last trial's
+    end: its ``end`` line, or, in a log from before trials wrote one, its last start or resume plus
+    its own time. The summaries' file times (a copy's or a checkout's) do not move it."""
+    import os
+
+    suite_dir = make_suite_dir(tmp_path)
+    runs = sorted((suite_dir / "runs").glob("*/summary.json"))
+    names = [r.parent.name for r in runs]
+    last = json.loads(runs[-1].read_text())
+    runs[-1].write_text(json.dumps({**last, "train_time_s": 1800.0}))  # long enough to show in the line
+    own = {
+        r.parent.name: sum(json.loads(r.read_text())[k] for k in ("setup_time_s", "train_time_s", "eval_time_s"))
+        for r in runs
+    }
+    t0 = 1_800_000_000.0
+    lines = [f"{name} start {t0 + 100 * i:.3f} 7" for i, name in enumerate(names)]
+    lines += [f"{name} end {t0 + 100 * i + 50:.3f} 7" for i, name in enumerate(names[:-1])]
+    lines.append(f"{names[-1]} resume {t0 + 5000:.3f} 8")  # the last trial stopped, resumed, wrote no end line
+    (suite_dir / "trial_starts.log").write_text("\n".join(lines) + "\n")
+    for r in runs:
+        os.utime(r, (t0 + 10**6, t0 + 10**6))  # as a checkout would stamp them: no trial's end
+
+    def elapsed() -> str:
+        out = tmp_path / "page"
+        assert console_main(["report", "--publish", str(suite_dir), str(out), "-q"]) == 0
+        (line,) = [x for x in (out / "README.md").read_text().splitlines() if x.startswith("- elapsed")]
+        return line.rsplit(": ", 1)[1]
+
+    assert elapsed() == f"{(5000 + own[names[-1]]) / 3600:.2f} h"
+    with open(suite_dir / "trial_starts.log", "a") as f:  # the end line, where the trial wrote one
+        f.write(f"{names[-1]} end {t0 + 9000:.3f} 8\n")
+    assert elapsed() == f"{9000 / 3600:.2f} h"

@@ -265,8 +265,13 @@ def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray
     assert (tmp_path / "suite" / "report.md").read_text().count("| fedprox |") == 1
     assert (tmp_path / "suite" / "accuracy_gm_gtest.png").stat().st_size > 5000
     # two trials at a time on the 2 CPUs: the third and fourth ran in the first two's processes
-    starts = (tmp_path / "suite" / "trial_starts.log").read_text().splitlines()
-    assert len(starts) == 4 and len({line.split()[3] for line in starts}) == 2
+    log = [line.split() for line in (tmp_path / "suite" / "trial_starts.log").read_text().splitlines()]
+    starts = [line for line in log if line[1] == "start"]
+    assert len(starts) == 4 and len({line[3] for line in starts}) == 2
+    # each trial's end after its start, from the same process
+    ends = {line[0]: line for line in log if line[1] == "end"}
+    assert sorted(ends) == sorted(line[0] for line in starts)
+    assert all(float(ends[s[0]][2]) > float(s[2]) and ends[s[0]][3] == s[3] for s in starts)
 
 
 @pytest.mark.ray
@@ -305,8 +310,7 @@ def test_trials_that_do_not_fit_at_once_queue_instead_of_oversubscribing(tmp_pat
     assert seen["created"] == 1  # never two trials' 1.5 CPUs on 2
     assert seen["min_free"] >= before - 1.5 - 1e-9  # the one trial takes its 1.5 CPUs, no more
     starts = (tmp_path / "suite" / "trial_starts.log").read_text().split("\n")
-    times = sorted(float(line.split()[2]) for line in starts if line)
-    assert len(times) == 3
+    assert sorted(line.split()[1] for line in starts if line) == ["end"] * 3 + ["start"] * 3
 
 
 @pytest.mark.ray
@@ -369,10 +373,10 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     starts = [line.split() for line in (stopped / "trial_starts.log").read_text().splitlines()]
-    assert [s[1] for s in starts if s[0] == first] == ["start"]  # a finished trial ran once
-    assert [s[1] for s in starts if s[0] == second] == ["start", "resume"]  # ... the stopped one went on
+    assert [s[1] for s in starts if s[0] == first] == ["start", "end"]  # a finished trial ran once
+    assert [s[1] for s in starts if s[0] == second] == ["start", "resume", "end"]  # ... the stopped one went on
     (third,) = {s[0] for s in starts} - {first, second}
-    assert [s[1] for s in starts if s[0] == third][-1] == "resume"  # ... and so did the killed one
+    assert [s[1] for s in starts if s[0] == third][-2:] == ["resume", "end"]  # ... and so did the killed one
     table = pq.read_table(stopped / "metrics.parquet").to_pylist()
     for seed in (0, 1, 2):
         want = _run_py(["--algo", "fedavg", "--seed", str(seed), *run], tmp_path / f"seed{seed}")
@@ -398,7 +402,8 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     before = (carried / "trial_starts.log").read_text().splitlines()
     run_suite(load_suite(carried / "suite.yaml"), carried, resume=True, progress=False)
     after = (carried / "trial_starts.log").read_text().splitlines()
-    assert after[: len(before)] == before and [line.split()[:2] for line in after[len(before) :]] == [[third, "start"]]
+    assert after[: len(before)] == before
+    assert [line.split()[:2] for line in after[len(before) :]] == [[third, "start"], [third, "end"]]
     assert table_of(carried) == table_of(tmp_path / "whole")
 
 
