@@ -1,0 +1,53 @@
+"""The standard table's suite (suites/pfl_benchmark.yaml): every registered algorithm, on one footing.
+
+Its page is read as "every algorithm, the same model, budget and seeds"; an algorithm registered
+without its three rows, or a row that trains on other terms, would make the table quietly partial
+or unfair. These checks read the suite as ``scripts/sweep.py`` expands it, running nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raysim.registry import ALGORITHMS
+from raysim.suite import load_suite, trials
+
+SUITE = Path(__file__).resolve().parents[2] / "suites" / "pfl_benchmark.yaml"
+REGIMES = {
+    "dir01": {"data.partition": "dirichlet:0.1"},
+    "pat2": {"data.partition": "pathological:2"},
+    "rot4": {
+        "data.partition": "iid", "data.feature_shift": "rotate:4", "eval.new_clients": 0.2,
+        "eval.new_client_epochs": 1,
+    },
+}  # fmt: skip
+# what a row may set beyond its algorithm and regime, and why: the algorithms that are nothing but
+# an asynchronous deployment run one, FedBN needs BatchNorm layers, FedFomo its validation part
+OWN = {
+    "fedasync": {"deployment.mode": "async", "deployment.buffer": 1},
+    "fedbuff": {"deployment.mode": "async"},
+    "fedbn": {"model": "cnn3p2_fmnist_bn"},
+    "fedfomo": {"data.val_fraction": 0.2},
+}
+
+
+def test_every_registered_algorithm_has_a_row_in_every_regime() -> None:
+    suite = load_suite(SUITE)
+    names = {c.name for c in suite.configs}
+    want = {f"{algo}_{regime}" for algo in ALGORITHMS.names() for regime in REGIMES}
+    assert names == want, (sorted(want - names), sorted(names - want))
+    assert suite.seeds == (0, 1)
+
+
+def test_every_row_trains_on_the_same_terms_but_its_regime_and_its_algorithms_needs() -> None:
+    suite = load_suite(SUITE)
+    by_config: dict[str, list[dict]] = {}
+    for t in trials(suite):
+        by_config.setdefault(t.config, []).append(dict(t.settings))
+    assert len(by_config) == 3 * len(ALGORITHMS.names())
+    common = dict(suite.base)
+    for config, settings in by_config.items():
+        algo, regime = config.rsplit("_", 1)
+        assert all(s == settings[0] for s in settings)  # the seeds differ only in the seed
+        want = {**common, **REGIMES[regime], **OWN.get(algo, {}), "algo": algo}
+        assert settings[0] == want, config
+    assert common["paper_setup"] is False and common["rounds"] == 20 and common["model"] == "cnn3p2_fmnist"
