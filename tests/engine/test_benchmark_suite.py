@@ -7,12 +7,13 @@ or unfair. These checks read the suite as ``scripts/sweep.py`` expands it, runni
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from raysim.registry import ALGORITHMS
 from raysim.suite import load_suite, trials
 
 SUITE = Path(__file__).resolve().parents[2] / "suites" / "pfl_benchmark.yaml"
-REGIMES = {
+REGIMES: dict[str, dict[str, Any]] = {
     "dir01": {"data.partition": "dirichlet:0.1"},
     "pat2": {"data.partition": "pathological:2"},
     "rot4": {
@@ -22,7 +23,7 @@ REGIMES = {
 }  # fmt: skip
 # what a row may set beyond its algorithm and regime, and why: the algorithms that are nothing but
 # an asynchronous deployment run one, FedBN needs BatchNorm layers, FedFomo its validation part
-OWN = {
+OWN: dict[str, dict[str, Any]] = {
     "fedasync": {"deployment.mode": "async", "deployment.buffer": 1},
     "fedbuff": {"deployment.mode": "async"},
     "fedbn": {"model": "cnn3p2_fmnist_bn"},
