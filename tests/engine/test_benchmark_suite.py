@@ -11,6 +11,7 @@ from typing import Any
 
 from raysim.registry import ALGORITHMS
 from raysim.suite import load_suite, trials
+from raysim.suite.spec import trial_experiment
 
 SUITE = Path(__file__).resolve().parents[2] / "suites" / "pfl_benchmark.yaml"
 REGIMES: dict[str, dict[str, Any]] = {
@@ -57,3 +58,27 @@ def test_every_row_trains_on_the_same_terms_but_its_regime_and_its_algorithms_ne
         want = {**common, **REGIMES[regime], **OWN.get(algo, {}), "algo": algo}
         assert settings[0] == want, config
     assert common["paper_setup"] is False and common["rounds"] == 20 and common["model"] == "cnn3p2_fmnist"
+    assert common["train.drop_last"] is True  # as PFLlib's loaders, and what FedBN's BatchNorm needs
+
+
+def test_no_trial_is_refused_by_what_only_its_data_tells() -> None:
+    """Each trial's split is one ``scripts/sweep.py`` would make, and none is refused once the data
+    is known (a refusal there ends the suite): every client has training samples, and no model that
+    cannot train on one sample is left a batch of one. One split per distinct data setting and
+    seed, so the 282 trials cost a few dozen splits."""
+    from raysim.data.federated import build_federated_data
+    from raysim.engine.runner import check_batches
+
+    suite = load_suite(SUITE)
+    splits: dict[Any, Any] = {}
+    checked = set()
+    for t in trials(suite):
+        cfg = trial_experiment(t, Path("unused")).cfg  # resolved and checked as the trial would be
+        key = (repr(cfg.data), cfg.clients, cfg.seed)
+        if key not in splits:
+            splits[key] = build_federated_data(cfg.data, cfg.clients, cfg.seed)
+            assert min(len(i) for i in splits[key].client_train) >= cfg.train.batch_size, t.name
+        if (key, cfg.model, cfg.train.batch_size, cfg.train.drop_last) not in checked:
+            check_batches(cfg, splits[key])
+            checked.add((key, cfg.model, cfg.train.batch_size, cfg.train.drop_last))
+    assert len(checked) < 50
