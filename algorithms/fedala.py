@@ -39,7 +39,12 @@ theta into its own local model theta_i.
   last local training (kept on its home worker; the initial model before it first trains), which
   is also its theta_i for the next ALA. The W-learning passes count as trained samples (each is a
   forward and backward pass over a mini-batch) in the round's compute.
-- GM = the FedAvg average of the uploads; LM = each client's kept model. Every random draw is keyed
+- GM = the FedAvg average of the uploads; LM = each client's kept model, the one its last local
+  training left. PFLlib's server evaluates at another point: after every client's ALA of the
+  round's global model and before their training (``serverala.py`` calls ``send_models``, which
+  runs ALA, then ``evaluate``), so its figure is theta_hat's, the global lower layers with the mixed
+  higher ones; the kept model here has the client's own trained lower layers, as the other
+  personalised methods' LM has their trained local model. Every random draw is keyed
   by (seed, round, client), so serial and Ray runs agree to the bit. No asynchronous mode: a
   client does not start from the global model, so a stale upload cannot be rebased.
 

@@ -33,10 +33,14 @@ The readings follow the authors' code as PFLlib carries it
 (``system/flcore/clients/clientas.py`` and ``system/flcore/servers/serveras.py`` of TsingZ0/PFLlib,
 read at commit d832e76) and FL-bench (``src/client/fedas.py``, ``src/server/fedas.py`` of
 KarhouTam/FL-bench, read at commit 06e658b):
-- the prototypes are the previous local model's class means over the whole training set, the
-  alignment loss sums the per-class mean-squared errors of a batch's class means, and alignment is
-  one epoch of plain SGD at 0.01 over the body only (PFLlib's fixed values, FL-bench's defaults
-  ``alignment_epoch`` 1 and ``alignment_lr`` 0.01);
+- the prototypes are the previous local model's class means over the whole training set, and
+  alignment is one epoch of plain SGD at 0.01 over the body only (PFLlib's fixed values, FL-bench's
+  defaults ``alignment_epoch`` 1 and ``alignment_lr`` 0.01);
+- the alignment loss sums, over a batch's classes, the mean-squared error of the class's mean
+  feature against its prototype, as FL-bench computes it. The two codes differ here: PFLlib's
+  ``nn.MSELoss()(features of class c, p_c)`` broadcasts the prototype over the class's samples, a
+  per-sample error, which is FL-bench's term plus the class's feature variance over d, so it also
+  pulls each class's features together. FL-bench's term is followed;
 - the Fisher trace is a sum over the training mini-batches of the squared gradient of the batch's
   mean negative log-likelihood, over every parameter of the model, taken after local training;
   the server's weights are the traces normalised to sum 1 (``aggregate_wrt_fisher``);

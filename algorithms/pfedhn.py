@@ -25,14 +25,18 @@ Delta theta_i).
   each step's batch as the first of a fresh shuffle).
 - Server (Algorithm 1, the phi and v_i updates): each uploaded Delta theta_i is pulled back through
   the hypernetwork, g_i = (d theta_i / d(phi, v))^T Delta theta_i, at the phi that generated the
-  round's theta_i; the round's gradient is the plain mean of its clients' g_i (Algorithm 1 samples
-  one client a step; a round of several clients takes their mean, one step, so the result does not
-  depend on their order: with one client a round it is Algorithm 1 exactly). Its norm is clipped to
-  ``grad_clip`` and one SGD step is taken, as the authors' ``torch.optim.SGD``: weight decay
-  ``server_weight_decay`` added to the gradient, momentum ``server_momentum`` (the buffer starts as
-  the first step's gradient), rate ``server_lr`` for the MLP and heads and ``embed_lr`` (default
-  ``server_lr``) for the embedding table; weight decay and momentum act on the whole table, as the
-  authors' optimiser's do, so a row moves only from its client's gradients when both are zero.
+  round's theta_i. Algorithm 1 samples one client a step, so a round of n clients is n steps
+  (``round_steps: each``, the default): one step for each upload's g_i, in the order of the
+  clients' indices (the uploads' order does not matter, serial and Ray agree), each g_i taken at the
+  round's phi, which generated the weights its client trained. With one client a round either way
+  is Algorithm 1 exactly. ``round_steps: mean`` takes one step on the mean of the round's g_i
+  instead: n times fewer hypernetwork steps, each embedding row moved by 1/n of its gradient.
+  Each step's gradient has its norm clipped to ``grad_clip``, then one SGD step is taken, as the
+  authors' ``torch.optim.SGD``: weight decay ``server_weight_decay`` added to the gradient, momentum
+  ``server_momentum`` (the buffer starts as the first step's gradient), rate ``server_lr`` for the
+  MLP and heads and ``embed_lr`` (default ``server_lr``) for the embedding table; weight decay and
+  momentum act on the whole table, as the authors' optimiser's do, so a row moves only from its
+  client's gradients when both are zero.
 - LM: each client's model is h(v_i; phi) from the current server state, evaluated as generated (the
   authors evaluate the generated weights, without local training). No global model (``gm_*`` null)
   and no newcomers (a held-out client's embedding never trains).
@@ -41,15 +45,16 @@ Defaults from the authors' code (AvivSham/pFedHN, ``experiments/pfedhn/trainer.p
 ``experiments/pfedhn/models.py``, commit 1bc0549): inner steps 50, hidden width 100, 3 hidden layers,
 rate 1e-2, momentum 0.9, weight decay 1e-3, clipping at 50 (both), embedding 1 + N/4. The handling
 of a round with several clients was checked against FL-bench's ``src/server/pfedhn.py`` (commit
-06e658b), which trains them one after another with one hypernetwork step each; here they train in
-parallel from one phi, and their gradients are averaged.
+06e658b), which trains them one after another with one hypernetwork step each, so that a later
+client trains weights generated after the earlier ones' steps; here they train in parallel from one
+phi, and the steps follow, one a client, as FL-bench's count of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -87,6 +92,9 @@ class PFedHNConfig:
     server_weight_decay: float = setting(1e-3, at_least=0)
     grad_clip: float = setting(50.0, above=0)  # the norm the hypernetwork's gradient is clipped to
     inner_grad_clip: float = setting(50.0, above=0)  # the norm each client step's gradient is clipped to
+    #: each: one hypernetwork step per upload (Algorithm 1's one client a step); mean: one step a round
+    #: on the mean of the uploads' gradients
+    round_steps: Literal["each", "mean"] = "each"
 
 
 @dataclass(frozen=True)
@@ -190,25 +198,29 @@ def generated_weights(
     return ModelWeights(**out)
 
 
-def hypernet_gradient(
-    hnet: HyperNet, uploads: Sequence[tuple[int, ModelWeights]], targets: Sequence[Target]
-) -> list[np.ndarray]:
-    """The round's gradient of phi and v: the mean over the uploads (client i, Delta theta_i) of
-    (d theta_i / d(phi, v))^T Delta theta_i (Eq. 4 with Delta theta_i for grad_theta_i L_i)."""
+def client_gradient(hnet: HyperNet, client: int, delta: ModelWeights, targets: Sequence[Target]) -> list[np.ndarray]:
+    """One upload's gradient of phi and v: (d theta_i / d(phi, v))^T Delta theta_i (Eq. 4 with
+    Delta theta_i for grad_theta_i L_i), at ``hnet``."""
     import torch
 
     phi = as_tensors(hnet, grad=True)
-    total = [torch.zeros_like(p) for p in phi]
-    for client, delta in uploads:
-        outputs = generate(phi, hnet.n_hidden, client)
-        deltas = [
-            torch.from_numpy(np.ascontiguousarray(delta.part(t.part)[t.start : t.start + t.size]))
-            for t in targets
-        ]
-        grads = torch.autograd.grad(outputs, phi, grad_outputs=deltas)
-        for acc, gk in zip(total, grads, strict=True):
-            acc += gk
-    return [(acc / len(uploads)).numpy() for acc in total]
+    outputs = generate(phi, hnet.n_hidden, client)
+    deltas = [
+        torch.from_numpy(np.ascontiguousarray(delta.part(t.part)[t.start : t.start + t.size])) for t in targets
+    ]
+    # copies: a bias's gradient is the grad_output itself, a view of the upload
+    return [g.numpy().copy() for g in torch.autograd.grad(outputs, phi, grad_outputs=deltas)]
+
+
+def hypernet_gradient(
+    hnet: HyperNet, uploads: Sequence[tuple[int, ModelWeights]], targets: Sequence[Target]
+) -> list[np.ndarray]:
+    """The mean over the uploads (client i, Delta theta_i) of their gradients (``client_gradient``)."""
+    total = client_gradient(hnet, *uploads[0], targets)
+    for client, delta in uploads[1:]:
+        for acc, g in zip(total, client_gradient(hnet, client, delta, targets), strict=True):
+            acc += g
+    return [acc / np.float32(len(uploads)) for acc in total]
 
 
 def hypernet_step(state: HNState, grads: Sequence[np.ndarray], params: PFedHNConfig) -> HNState:
@@ -286,10 +298,18 @@ class PFedHN(Algorithm[HNState]):
         ]
 
     def aggregate(self, state: HNState, rnd: int, results: Sequence[JobResult]) -> HNState:
-        uploads = [(r.client, r.weights) for jr in results for r in jr.results if r.weights is not None]
+        uploads = sorted(
+            ((r.client, r.weights) for jr in results for r in jr.results if r.weights is not None),
+            key=lambda upload: upload[0],
+        )
         if not uploads:
             return state
-        return hypernet_step(state, hypernet_gradient(state.hnet, uploads, self._targets), self.params)
+        if self.params.round_steps == "mean":
+            return hypernet_step(state, hypernet_gradient(state.hnet, uploads, self._targets), self.params)
+        generator = state.hnet  # the round's phi: every upload's weights came from it
+        for client, delta in uploads:
+            state = hypernet_step(state, client_gradient(generator, client, delta, self._targets), self.params)
+        return state
 
     def evaluation(self, state: HNState) -> Evaluation:
         return PFedHNEvaluation(state.hnet)

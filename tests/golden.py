@@ -164,6 +164,7 @@ CASES: dict[str, dict[str, Any]] = {
     "feddbe": {"algo": "feddbe", "algo.kappa": 1.0},
     "fedas": {"algo": "fedas"},
     "pfedhn": {"algo": "pfedhn", "algo.inner_steps": 5},
+    "pfedhn-mean": {"algo": "pfedhn", "algo.inner_steps": 5, "algo.round_steps": "mean"},
     "fedadam": {"algo": "fedadam"},
     "fedyogi": {"algo": "fedyogi"},
     "fedadagrad": {"algo": "fedadagrad"},

@@ -16,6 +16,7 @@ from algorithms.pfedhn import (
     HyperNet,
     PFedHNConfig,
     Target,
+    client_gradient,
     generated_weights,
     hypernet_gradient,
     hypernet_step,
@@ -144,6 +145,59 @@ def test_the_server_step_is_the_authors_sgd_with_the_embeddings_own_rate(grad_cl
             np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", ["each", "mean"])
+def test_a_round_of_several_clients_is_one_hypernetwork_step_a_client_or_one_on_their_mean(tmp_path, mode):
+    """Algorithm 1 takes one step a sampled client: a round of clients 3 and 1 is two steps (client
+    1's, then 3's), each on its gradient at the phi that generated the round's weights; with
+    ``round_steps: mean``, one step on the two gradients' mean. Whatever order the results come in."""
+    changes = {"algo.inner_steps": 2, "algo.round_steps": mode}
+    ex = _executor(tmp_path / "a", **changes)
+    before = ex.server.state
+    handed: list = []
+    inner = ex.server.aggregate
+
+    def aggregate(r, results):
+        handed.extend(results)
+        return inner(r, results)
+
+    ex.server.aggregate = aggregate
+    ex.train_round(1, [3, 1])
+    uploads = {r.client: r.weights for jr in handed for r in jr.results}
+    assert sorted(uploads) == [1, 3]
+    targets = ex.server.algo._targets
+    params = PFedHNConfig(inner_steps=2, round_steps=mode)
+    if mode == "each":
+        want = before
+        for c in (1, 3):
+            want = hypernet_step(want, client_gradient(before.hnet, c, uploads[c], targets), params)
+    else:
+        want = hypernet_step(before, hypernet_gradient(before.hnet, [(1, uploads[1]), (3, uploads[3])], targets), params)
+    after = ex.server.state
+    assert all(np.array_equal(a, b) for a, b in zip(after.hnet.tensors, want.hnet.tensors, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(after.momentum, want.momentum, strict=True))
+    # the results handed over in the other order: the same state to the bit
+    flipped = ex.server.algo.aggregate(before, 1, list(reversed(handed)))
+    assert len(handed) == 2  # one job a client here, so reversing them reverses the uploads
+    assert all(np.array_equal(a, b) for a, b in zip(flipped.hnet.tensors, after.hnet.tensors, strict=True))
+
+
+def test_one_step_a_client_moves_each_embedding_by_its_whole_gradient(tmp_path):
+    """Against the mean's one step, one step a client moves a sampled client's embedding by its own
+    gradient at the full rate (without momentum and weight decay, exactly; n = 2 here: twice as far)."""
+    changes = {
+        "algo.inner_steps": 2, "algo.server_momentum": 0.0, "algo.server_weight_decay": 0.0, "algo.server_lr": 1.0,
+    }  # fmt: skip
+    moves = {}
+    for mode in ("each", "mean"):
+        ex = _executor(tmp_path / mode, **changes, **{"algo.round_steps": mode})
+        before = ex.server.state.hnet.embeddings.copy()
+        run_round(ex, 1, [3, 1])
+        moves[mode] = ex.server.state.hnet.embeddings - before
+    assert np.abs(moves["mean"][[1, 3]]).max() > 1e-4  # well above float32's spacing near 1
+    np.testing.assert_allclose(moves["each"][[1, 3]], 2 * moves["mean"][[1, 3]], rtol=1e-3, atol=1e-6)
+    assert not moves["each"][[0, 2, 4, 5, 6, 7]].any()
+
+
 def test_a_round_moves_the_shared_hypernetwork_and_only_its_clients_embeddings(tmp_path):
     ex = _executor(
         tmp_path, **{"algo.inner_steps": 2, "algo.server_momentum": 0.0, "algo.server_weight_decay": 0.0}
@@ -241,6 +295,9 @@ def test_a_model_too_large_to_generate_is_refused_in_one_sentence(tmp_path):
         ("server_weight_decay", -1e-3),
         ("grad_clip", 0),
         ("inner_grad_clip", "high"),
+        ("round_steps", "Each"),
+        ("round_steps", "sum"),
+        ("round_steps", 1),
     ],
 )
 def test_a_mistyped_setting_is_refused_in_one_sentence(tmp_path, name, value):
