@@ -208,15 +208,21 @@ class ETFEvaluation(Evaluation):
         return self._fine_tuned(algo, ctx, epochs, lr, "finetune")
 
     def newcomer_model(self, algo: FedETF, ctx: ClientContext) -> SplitModel | None:
-        """A newcomer (``eval.new_clients``): FedETF-FT's steps from the global model, the body's
-        pass for ``eval.new_client_epochs`` at the evaluated round's rate, on its own stream."""
-        return self._fine_tuned(algo, ctx, newcomer_epochs(algo.cfg), algo.lr(ctx.rnd), "newcomer")
+        """A newcomer (``eval.new_clients``): FedETF-FT's first pass from the global model, the body
+        and s with the balanced loss, for ``eval.new_client_epochs`` at the evaluated round's rate,
+        on its own stream; not the alternations after it (20 x (3 + 3) epochs by default), so a
+        newcomer adapts for as many epochs as every other algorithm's does."""
+        return self._fine_tuned(algo, ctx, newcomer_epochs(algo.cfg), algo.lr(ctx.rnd), "newcomer", alternate=False)
 
-    def _fine_tuned(self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str) -> SplitModel:
+    def _fine_tuned(
+        self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str, alternate: bool = True
+    ) -> SplitModel:
         p = algo.params
         ctx.load(algo.ft_weights(self.payload))
         s = algo._scale(ctx, self.payload.scale)
         ctx.train(BODY, lr, epochs=epochs, loss_fn=balanced_etf_loss(s, class_counts(ctx)), extra=[s], stream=stream)
+        if not alternate:
+            return ctx.model
         s.requires_grad_(False)
         ce = balanced_etf_loss(s, None)
         for _ in range(p.ft_alternations):

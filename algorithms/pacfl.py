@@ -20,9 +20,11 @@ formed once, before training, from the angles between the clients' data subspace
   client's cluster model, no global model.
 
 Differences from the authors' code (MMorafah/PACFL), each a choice: the SVD is of the run's
-normalised inputs, not the raw uint8 pixels; every class a client holds gets p vectors, where on
-Dirichlet partitions the authors share a budget of 20 vectors by class count (minor classes get
-none); and the LM is the cluster model, where the authors report each client's own network after
+normalised inputs, not the raw uint8 pixels; every class a client holds gets p vectors, which is
+what the authors' code does too, though on Dirichlet partitions it means to share a budget of
+vectors by class count (``main_pacfl.py`` at 7ef000d tests ``label1 in list(traindata_cls_ratio[idx]
+.keys())`` with ``label1`` a list of labels, never among the integer keys, so every class takes
+``n_basis``); and the LM is the cluster model, where the authors report each client's own network after
 its last local update from the cluster model (the `fed3p2_table1` results page discusses what
 this does to the LM).
 

@@ -14,7 +14,11 @@ steps with ``algo.server_opt``:
   v <- beta2 v + (1 - beta2) Delta^2 (Adam), v - (1 - beta2) Delta^2 sign(v - Delta^2) (Yogi) or
   v + Delta^2 (Adagrad), then x <- x + eta m / (sqrt(v) + tau), element by element (tau = ``tau``,
   the adaptivity). m starts at 0 and v at tau^2 (Algorithm 2's v_{-1} >= tau^2, at its bound;
-  Flower starts v at 0); there is no bias correction, as in Algorithm 2.
+  Flower starts v at 0); there is no bias correction, as in Algorithm 2. Algorithm 2 is followed
+  where the authors' experiments' code differs (google-research/federated: Keras's Adam and
+  Adagrad and its own Yogi): there Adam and Yogi correct the bias (at round 20, with beta1 0.9 and
+  beta2 0.99, m / sqrt(v) here is about twice theirs), and Adagrad has no momentum (beta1 acts
+  here, as Algorithm 2 writes it) and starts v at 0.
 
 Every step is in float64 and stored as float32. The optimiser's state (m, v) is part of the
 algorithm's server state, so a checkpoint keeps it. Registered names carry defaults: ``fedavgm``

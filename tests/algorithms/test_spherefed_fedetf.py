@@ -201,6 +201,33 @@ def test_fedetf_ft_tunes_the_etf_and_the_projection_in_turn_on_a_local_copy(tmp_
     assert np.array_equal(get_weights(m0, ("head",)).head, ex0.server.state.weights.head)
 
 
+def test_a_fedetf_newcomer_adapts_the_body_for_its_epochs_and_keeps_the_etf(tmp_path):
+    """A newcomer takes FedETF-FT's first pass only, the body and s with the balanced loss for
+    eval.new_client_epochs (by hand here), and not the ETF and projection alternations after it:
+    it adapts for as many epochs as every algorithm's newcomer, whatever algo.ft_alternations."""
+    from algorithms.fedetf import balanced_etf_loss, class_counts
+    from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
+    from raysim.weights import BODY
+
+    parts = ("extractor", "filter", "head")
+    new = {"eval.new_clients": 0.25, "eval.new_client_epochs": 1, "algo.ft_alternations": 20}
+    ex = _executor(tmp_path, "fedetf", rounds=1, **new)
+    newcomer = ex.cfg.new_clients[0]
+    run_round(ex, 1, list(ex.cfg.training_clients))
+    algo, state = ex.runtime.algo, ex.server.state
+    got = get_weights(ex.server.evaluation().newcomer_model(algo, ClientContext(ex.runtime, newcomer, 1, evaluating=True)), parts)
+    ctx = ClientContext(ex.runtime, newcomer, 1, evaluating=True)
+    ctx.load(algo.ft_weights(state))
+    scale = algo._scale(ctx, state.scale)
+    ctx.train(BODY, algo.lr(1), epochs=1, loss_fn=balanced_etf_loss(scale, class_counts(ctx)), extra=[scale], stream="newcomer")
+    want = get_weights(ctx.model, parts)
+    for part in parts:
+        np.testing.assert_array_equal(got.part(part), want.part(part))
+    assert np.array_equal(got.head, state.weights.head)  # the ETF as the server holds it
+    assert not np.array_equal(got.part("filter"), state.weights.part("filter"))  # the body adapted
+
+
 def test_fedetf_settings_are_checked(tmp_path):
     for bad, match in (
         ({"algo.temperature": 0.0}, "temperature"),
