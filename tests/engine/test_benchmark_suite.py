@@ -63,9 +63,9 @@ def test_every_row_trains_on_the_same_terms_but_its_regime_and_its_algorithms_ne
 
 def test_no_trial_is_refused_by_what_only_its_data_tells() -> None:
     """Each trial's split is one ``scripts/sweep.py`` would make, and none is refused once the data
-    is known (a refusal there ends the suite): every client has training samples, and no model that
-    cannot train on one sample is left a batch of one. One split per distinct data setting and
-    seed, so the 282 trials cost a few dozen splits."""
+    is known (a refusal there ends the suite): every client has a full batch to train on (the last
+    partial one is left out), and no model that cannot train on one sample is left a batch of one.
+    One split per distinct data setting and seed, so the 282 trials cost a few dozen splits."""
     from raysim.data.federated import build_federated_data
     from raysim.engine.runner import check_batches
 
