@@ -127,26 +127,26 @@ class FedAvgM(FedAvg):
 
 @register("fedadam")
 class FedAdam(FedAvg):
-    """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, beta2 0.99, tau 1e-3."""
+    """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): eta 10^-2.5, beta1 0.9, beta2 0.99, tau 1e-4."""
     family = "global"
 
-    server_opt = ServerOptimizer("adam", lr=0.1)
+    server_opt = ServerOptimizer("adam", lr=10**-2.5, tau=1e-4)
 
 
 @register("fedyogi")
 class FedYogi(FedAvg):
-    """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): eta 0.01, beta1 0.9, beta2 0.99, tau 1e-3."""
+    """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): eta 10^-2.5, beta1 0.9, beta2 0.99, tau 1e-4."""
     family = "global"
 
-    server_opt = ServerOptimizer("yogi", lr=0.01)
+    server_opt = ServerOptimizer("yogi", lr=10**-2.5, tau=1e-4)
 
 
 @register("fedadagrad")
 class FedAdagrad(FedAvg):
-    """FedAdagrad (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, tau 1e-3."""
+    """FedAdagrad (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, tau 1e-2."""
     family = "global"
 
-    server_opt = ServerOptimizer("adagrad", lr=0.1)
+    server_opt = ServerOptimizer("adagrad", lr=0.1, tau=1e-2)
 
 
 __all__ = [
