@@ -212,17 +212,19 @@ class ETFEvaluation(Evaluation):
         and s with the balanced loss, for ``eval.new_client_epochs`` at the evaluated round's rate,
         on its own stream; not the alternations after it (20 x (3 + 3) epochs by default), so a
         newcomer adapts for as many epochs as every other algorithm's does."""
-        return self._fine_tuned(algo, ctx, newcomer_epochs(algo.cfg), algo.lr(ctx.rnd), "newcomer", alternate=False)
+        self._body_pass(algo, ctx, newcomer_epochs(algo.cfg), algo.lr(ctx.rnd), "newcomer")
+        return ctx.model
 
-    def _fine_tuned(
-        self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str, alternate: bool = True
-    ) -> SplitModel:
-        p = algo.params
+    def _body_pass(self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str) -> torch.nn.Parameter:
+        """FedETF-FT's first pass from the global model: the body and s with the balanced loss; s returned."""
         ctx.load(algo.ft_weights(self.payload))
         s = algo._scale(ctx, self.payload.scale)
         ctx.train(BODY, lr, epochs=epochs, loss_fn=balanced_etf_loss(s, class_counts(ctx)), extra=[s], stream=stream)
-        if not alternate:
-            return ctx.model
+        return s
+
+    def _fine_tuned(self, algo: FedETF, ctx: ClientContext, epochs: int, lr: float, stream: str) -> SplitModel:
+        p = algo.params
+        s = self._body_pass(algo, ctx, epochs, lr, stream)
         s.requires_grad_(False)
         ce = balanced_etf_loss(s, None)
         for _ in range(p.ft_alternations):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from raysim.registry import ALGORITHMS
+from raysim.engine.setups import builtin_algorithms
 from raysim.suite import load_suite, trials
 from raysim.suite.spec import trial_experiment
 
@@ -32,15 +32,10 @@ OWN: dict[str, dict[str, Any]] = {
 }
 
 
-def shipped() -> list[str]:
-    """The algorithms of ``algorithms/`` (not one a test registered in this process)."""
-    return [name for name, cls in ALGORITHMS.items() if cls.__module__.startswith("algorithms.")]
-
-
 def test_every_registered_algorithm_has_a_row_in_every_regime() -> None:
     suite = load_suite(SUITE)
     names = {c.name for c in suite.configs}
-    want = {f"{algo}_{regime}" for algo in shipped() for regime in REGIMES}
+    want = {f"{algo}_{regime}" for algo in builtin_algorithms() for regime in REGIMES}
     assert names == want, (sorted(want - names), sorted(names - want))
     assert suite.seeds == (0, 1)
 
@@ -50,7 +45,7 @@ def test_every_row_trains_on_the_same_terms_but_its_regime_and_its_algorithms_ne
     by_config: dict[str, list[dict]] = {}
     for t in trials(suite):
         by_config.setdefault(t.config, []).append(dict(t.settings))
-    assert len(by_config) == 3 * len(shipped()) > 0
+    assert len(by_config) == 3 * len(builtin_algorithms()) > 0
     common = dict(suite.base)
     for config, settings in by_config.items():
         algo, regime = config.rsplit("_", 1)
