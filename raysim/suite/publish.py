@@ -37,6 +37,7 @@ directory. ``OUT``'s parent gets an index (``README.md``) of every page publishe
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -44,6 +45,8 @@ from typing import Any
 
 from raysim.errors import ConfigError
 from raysim.results.report import class_accuracy_table, curve_plots, per_seed_table, suite_table
+
+log = logging.getLogger(__name__)
 
 PAGE = "README.md"
 NOTES = "notes.md"
@@ -242,7 +245,8 @@ def publish(
     commit: str | None = None,
     suite_file: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
-    """Write the page of the suite in ``suite_dir`` into ``out_dir`` and the index beside it.
+    """Write the page of the suite in ``suite_dir`` into ``out_dir`` and the index beside it (unless a
+    README.md there is not one: :func:`write_index`).
     ``commit``: the code's commit when the suite did not record it; ``suite_file``: the suite file
     whose claims and paper setting the page judges by (default the suite directory's own copy; a
     newer file for a suite run before its claims were written, whose configurations it must
@@ -357,15 +361,27 @@ def publish(
         from raysim.suite.records import copy_record
 
         copy_record(src, record)
-    return [page, out / "summary.json", *pngs, *against_pngs, record, write_index(out.parent)]
+    index = write_index(out.parent)
+    return [page, out / "summary.json", *pngs, *against_pngs, record, *([index] if index else [])]
 
 
-def write_index(results_dir: str | os.PathLike[str]) -> Path:
+#: the first line of the index write_index keeps beside the pages
+INDEX_HEAD = "# Results"
+
+
+def write_index(results_dir: str | os.PathLike[str]) -> Path | None:
     """``results_dir/README.md``: a line per published page below it (its suite, rows, seeds and
-    rounds), from each page's ``summary.json``."""
+    rounds), from each page's ``summary.json``; a folder beside them that is not a page (no
+    README.md, or a summary.json that is not a suite's) is left out. An existing README.md that is
+    not such an index (a page published into a project's folder, whose README is the project's) is
+    left alone, and None returned."""
     root = Path(results_dir)
+    index = root / PAGE
+    if index.is_file() and index.read_text().split("\n", 1)[0] != INDEX_HEAD:
+        log.info("%s is not an index of results pages; left as it is", index)
+        return None
     lines = [
-        "# Results",
+        INDEX_HEAD,
         "",
         "Each page is generated from a suite's directory by `raysim report --publish SUITE_DIR "
         "docs/results/NAME`; the numbers are the suite's, never typed.",
@@ -374,7 +390,11 @@ def write_index(results_dir: str | os.PathLike[str]) -> Path:
         "|---|---|---|---|",
     ]
     for summary_path in sorted(root.glob("*/summary.json")):
+        if not (summary_path.parent / PAGE).is_file():
+            continue
         s = json.loads(summary_path.read_text())
+        if not isinstance(s, dict) or not {"suite", "configs"} <= s.keys():
+            continue  # a run's summary, or another tool's
         seeds = sorted({x for c in s["configs"] for x in c["seeds"]})
         rounds = sorted({r for c in s["configs"] for r in c["rounds"]})
         name = summary_path.parent.name
@@ -382,9 +402,8 @@ def write_index(results_dir: str | os.PathLike[str]) -> Path:
             f"| [{s['suite']}]({name}/{PAGE}) | {len(s['configs'])} | {', '.join(map(str, seeds))} | "
             f"{', '.join(map(str, rounds))} |"
         )
-    index = root / PAGE
     index.write_text("\n".join(lines) + "\n")
     return index
 
 
-__all__ = ["NOTES", "PAGE", "RECORD", "publish", "time_table", "write_index"]
+__all__ = ["INDEX_HEAD", "NOTES", "PAGE", "RECORD", "publish", "time_table", "write_index"]

@@ -108,6 +108,35 @@ def test_the_published_page_carries_the_suites_numbers(tmp_path: Path) -> None:
     assert re.search(r"seeds: 0, 1 \(8 trials\)", page)
 
 
+def test_the_index_lists_pages_only_and_leaves_a_projects_readme_alone(tmp_path: Path) -> None:
+    """The index beside a page lists the folders that hold a page (README.md and a suite's
+    summary.json), not a run directory's summary.json beside them; a page published into a folder
+    whose README.md is not an index (a project's) leaves that README as it is."""
+    from raysim.suite.publish import INDEX_HEAD, write_index
+
+    results = tmp_path / "results"
+    page = results / "tiny_table"
+    page.mkdir(parents=True)
+    (page / "README.md").write_text("# tiny_table\n")
+    (page / "summary.json").write_text(json.dumps({"suite": "tiny_table", "configs": [{"seeds": [0, 1], "rounds": [3]}]}))
+    run = results / "fedavg-run"  # scripts/run.py's own summary beside the pages
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"algo": "fedavg", "final": {"gm_gtest": 0.5}}))
+    index = write_index(results)
+    assert index == results / "README.md"
+    text = index.read_text()
+    assert text.startswith(INDEX_HEAD + "\n")
+    assert "[tiny_table](tiny_table/README.md) | 1 | 0, 1 | 3 |" in text
+    assert "fedavg-run" not in text
+    assert write_index(results) == index  # its own index is rewritten
+
+    project = tmp_path / "project"
+    (project / "tiny_table").mkdir(parents=True)
+    (project / "README.md").write_text("# My project\n\nHow to run it.\n")
+    assert write_index(project) is None
+    assert (project / "README.md").read_text() == "# My project\n\nHow to run it.\n"
+
+
 def test_publishing_what_is_not_a_suite_directory_is_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert console_main(["report", "--publish", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "not a suite directory with results" in capsys.readouterr().err
