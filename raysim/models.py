@@ -149,17 +149,22 @@ def _conv_stack(
     pool_after: Sequence[bool] | None = None,
     batch_norm: bool = False,
 ) -> list[nn.Module]:
-    """Each convolution (with ``batch_norm``, then a BatchNorm2d), ``act`` and a max-pool 2 where
-    ``pool_after`` says (default: after every one)."""
+    """Each convolution (with ``batch_norm``, then a BatchNorm2d), a max-pool 2 where ``pool_after``
+    says (default: after every one), then ``act``. The papers' nets apply the activation before the
+    pool; for a non-decreasing activation (ReLU) the two orders give the same numbers to the bit,
+    forward and backward (the max of the activated values is the activated max, and the gradient
+    reaches the same element, or is zero in both where the window's maximum is not positive), and
+    after the pool the activation touches a quarter of the values, which saves 5-10 % of a training
+    step on one thread (``scripts/bench/pool_order.py``)."""
     layers: list[nn.Module] = []
     pools = pool_after if pool_after is not None else [True] * len(channels)
     for out_ch, pool in zip(channels, pools, strict=True):
         layers.append(nn.Conv2d(in_ch, out_ch, kernel, padding=padding))
         if batch_norm:
             layers.append(nn.BatchNorm2d(out_ch))
-        layers.append(act())
         if pool:
             layers.append(nn.MaxPool2d(2))
+        layers.append(act())
         in_ch = out_ch
     return layers
 

@@ -111,6 +111,49 @@ def test_fedpacs_models_are_the_authors():
         assert [(m.in_features, m.out_features) for m in fc] == [(fc_in, 128)]
 
 
+def test_pooling_before_the_activation_gives_the_papers_numbers_to_the_bit():
+    """The conv stacks pool first and apply ReLU after (a quarter of the values to activate); the
+    papers' nets activate first. The same weights, both orders: the same outputs and the same
+    gradients to the bit, over steps of training and in train mode (BatchNorm's batch statistics),
+    on inputs shifted so that many pooling windows hold no positive value."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from raysim.toolkit.train import cross_entropy
+
+    for name, shape in (("cnn3p2_fmnist", (1, 28, 28)), ("cnn3p2_fmnist_bn", (1, 28, 28)),
+                        ("cnn3p2_cifar", (3, 32, 32)), ("cnn_fcd", (1, 28, 28))):  # fmt: skip
+        ours = build_model(name, shape, 10, seed=2)
+        layers = list(ours.extractor)
+        pools = [i for i, m in enumerate(layers) if isinstance(m, nn.MaxPool2d)]
+        assert pools and all(isinstance(layers[i + 1], nn.ReLU) for i in pools)
+        theirs = copy.deepcopy(ours)
+        for i in pools:
+            layers[i], layers[i + 1] = layers[i + 1], layers[i]
+        theirs.extractor = nn.Sequential(*copy.deepcopy(layers))
+        assert [type(m) for m in theirs.extractor][pools[0]] is nn.ReLU
+        gen = torch.Generator().manual_seed(3)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, theirs)]
+        for _ in range(3):
+            x = torch.randn(12, *shape, generator=gen) - 0.5
+            y = torch.randint(0, 10, (12,), generator=gen)
+            outs = []
+            for m, opt in zip((ours, theirs), opts, strict=True):
+                opt.zero_grad()
+                out = m(x)
+                cross_entropy(m, x, y).backward()
+                outs.append(out.detach())
+                grads = [(n, q.grad.clone()) for n, q in m.named_parameters() if q.grad is not None]
+                opt.step()
+                outs.append(grads)
+            assert torch.equal(outs[0], outs[2])
+            assert [n for n, _ in outs[1]] == [n for n, _ in outs[3]] and len(outs[1]) > 4
+            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(outs[1], outs[3], strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
+
+
 def test_channels_last_changes_the_layout_only():
     """``train.channels_last``: the same parameters and flat arrays as NCHW, the kernels in the
     channels-last format; one step's gradients agree to float rounding."""
