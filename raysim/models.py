@@ -154,7 +154,7 @@ def _conv_stack(
     pool; for a non-decreasing activation (ReLU) the two orders give the same numbers to the bit,
     forward and backward (the max of the activated values is the activated max, and the gradient
     reaches the same element, or is zero in both where the window's maximum is not positive), and
-    after the pool the activation touches a quarter of the values, which saves 5-10 % of a training
+    after the pool the activation touches a quarter of the values, which saves 4-11 % of a training
     step on one thread (``scripts/bench/pool_order.py``)."""
     layers: list[nn.Module] = []
     pools = pool_after if pool_after is not None else [True] * len(channels)
