@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from algorithms.base import Algorithm, Evaluation
-from algorithms.clustering import Clusters, agglomerative, assignment, describe, purity
+from algorithms.clustering import Clusters, agglomerative, assignment, describe, nearest_cluster, purity
 from algorithms.fedavg import train_global_parts
 from raysim.capabilities.batching import Batching
 from raysim.capabilities.extra_rounds import ExtraRounds
 from raysim.capabilities.round_log import RoundLog
+from raysim.engine.evaluation import adapt_newcomer
 from raysim.toolkit.aggregate import weighted_mean
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -49,8 +50,21 @@ class ClusterState:
 
 @dataclass(frozen=True)
 class ClusterEval:
-    cluster_of: tuple[int, ...]  # each client's cluster
+    cluster_of: tuple[int, ...]  # each client's cluster (-1: a client held out of training)
     models: tuple[ModelWeights, ...]
+    #: with eval.new_clients, what a newcomer joins by (OneShotClustered): the clusters, the
+    #: request the clients answered before round 1, and their answers (``Joining``)
+    joining: Any = None
+
+
+@dataclass(frozen=True)
+class Joining:
+    """What a newcomer needs to pick its cluster as the clients were clustered: the clusters, the
+    request the clients answered before round 1, and each clustered client's answer."""
+
+    clusters: Clusters
+    request: Any
+    uploads: tuple[tuple[int, Any], ...]  # (client, its upload), in client order
 
 
 class ClusteredFL(Algorithm[ClusterState]):
@@ -75,7 +89,7 @@ class ClusteredFL(Algorithm[ClusterState]):
         return (self._init,) * len(clusters)
 
     def plan(self, state: ClusterState, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        of = assignment(state.clusters, self.cfg.clients)
+        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
         lr = self.lr(rnd)
         return [Job((c,), WeightsPayload(state.models[of[c]], lr)) for c in sampled]
 
@@ -83,7 +97,7 @@ class ClusteredFL(Algorithm[ClusterState]):
         self, clusters: Clusters, models: Sequence[ModelWeights], results: Sequence[JobResult]
     ) -> tuple[ModelWeights, ...]:
         """Each cluster's model: the weighted mean of its participants' uploads, else unchanged."""
-        of = assignment(clusters, self.cfg.clients)
+        of = assignment(clusters, self.cfg.clients, self.cfg.new_clients)
         uploads: dict[int, list[ClientResult]] = {}
         for jr in results:
             uploads.setdefault(int(of[jr.final.client]), []).append(jr.final)
@@ -109,7 +123,7 @@ class ClusteredFL(Algorithm[ClusterState]):
         )
 
     def evaluation(self, state: ClusterState) -> Evaluation:
-        of = assignment(state.clusters, self.cfg.clients)
+        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
         return ClusterEvaluation(ClusterEval(tuple(int(k) for k in of), state.models))
 
     def round_scalars(self, state: ClusterState, rnd: int) -> dict[str, float]:
@@ -141,10 +155,12 @@ class ClusterEvaluation(Evaluation):
 
 class OneShotClustered(ClusteredFL):
     """Clusters formed once, before round 1 (PACFL, FedClust): in the prologue (round 0) every
-    client answers :meth:`prologue_payload` with :meth:`prologue_update` (its upload in
-    ``ClientResult.extra``); the server makes a distance matrix of the uploads (:meth:`distances`)
-    and clusters it hierarchically with the config's ``linkage``, merging within ``threshold`` (or
-    down to ``num_clusters`` when that is positive). Every cluster starts from the initial model."""
+    client that trains (all but ``eval.new_clients``') answers :meth:`prologue_payload` with
+    :meth:`prologue_update` (its upload in ``ClientResult.extra``); the server makes a distance
+    matrix of the uploads (:meth:`distances`) and clusters it hierarchically with the config's
+    ``linkage``, merging within ``threshold`` (or down to ``num_clusters`` when that is positive).
+    Every cluster starts from the initial model. With clients held out, the state keeps what a
+    newcomer joins by (:class:`Joining`; :class:`OneShotEvaluation`)."""
 
     extra_rounds = ExtraRounds(prologue=True)
 
@@ -163,23 +179,41 @@ class OneShotClustered(ClusteredFL):
             return [Job((c,), payload) for c in sampled]
         return super().plan(state, rnd, sampled)
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer (``eval.new_clients``) answers the request of before round 1 and joins the
+        nearest cluster (:meth:`OneShotEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
+
     def aggregate(self, state: ClusterState, rnd: int, results: Sequence[JobResult]) -> ClusterState:
         if rnd > 0:
             return super().aggregate(state, rnd, results)
-        uploads: list[Any] = [None] * self.cfg.clients
-        for jr in results:
-            uploads[jr.final.client] = jr.final.extra
-        missing = [i for i, u in enumerate(uploads) if u is None]
+        got = {jr.final.client: jr.final.extra for jr in results}
+        members = self.cfg.training_clients  # the clients held out of training answer nothing
+        missing = [c for c in members if got.get(c) is None]
         if missing:
             raise ValueError(f"clients {missing} sent nothing before round 1")
         p = self.params
-        clusters = agglomerative(
-            self.distances(uploads),
+        found = agglomerative(
+            self.distances([got[c] for c in members]),
             threshold=None if p.num_clusters else p.threshold,
             num_clusters=p.num_clusters or None,
             linkage=p.linkage,
         )
-        return ClusterState(clusters, self.initial_models(clusters))
+        clusters = tuple(tuple(members[i] for i in cluster) for cluster in found)  # ids, still sorted
+        joining = None
+        if self.cfg.new_clients:
+            joining = Joining(clusters, self.newcomer_request(), tuple((c, got[c]) for c in members))
+        return ClusterState(clusters, self.initial_models(clusters), extra=joining)
+
+    def newcomer_request(self) -> Any:
+        """What a newcomer is asked before it joins: the request of before round 1 (its initial
+        model, where it carries one)."""
+        return self.prologue_payload(ClusterState((tuple(self.cfg.training_clients),), (self._init,)))
+
+    def evaluation(self, state: ClusterState) -> Evaluation:
+        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
+        return OneShotEvaluation(ClusterEval(tuple(int(k) for k in of), state.models, state.extra))
 
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:
         if ctx.rnd == 0:
@@ -187,4 +221,27 @@ class OneShotClustered(ClusteredFL):
         return super().local_update(ctx, payload)
 
 
-__all__ = ["ClusterEval", "ClusterState", "ClusteredFL", "OneShotClustered"]
+class OneShotEvaluation(ClusterEvaluation):
+    """A :class:`ClusterEval` whose ``joining`` lets a newcomer pick its cluster."""
+
+    def newcomer_model(self, algo: OneShotClustered, ctx: ClientContext) -> SplitModel | None:
+        """A client held out of training joins as the clients were clustered: it answers the
+        request of before round 1 on its own data (PACFL's subspaces, FedClust's warmed-up
+        classifier), its distances to the clustered clients' answers are the algorithm's own
+        (:meth:`OneShotClustered.distances`), and it joins the nearest cluster by the linkage's
+        distance (:func:`algorithms.clustering.nearest_cluster`); that cluster's model is then
+        adapted on its data for ``eval.new_client_epochs`` epochs, as a newcomer to a global model
+        is (:func:`raysim.engine.evaluation.adapt_newcomer`)."""
+        joining: Joining | None = self.payload.joining
+        if joining is None:
+            return None
+        mine = algo.prologue_update(ctx, joining.request).extra
+        ids = [c for c, _ in joining.uploads]
+        dist = algo.distances([u for _, u in joining.uploads] + [mine])[-1, :-1]
+        pos = {c: i for i, c in enumerate(ids)}
+        k = nearest_cluster(dist, [[pos[c] for c in cluster] for cluster in joining.clusters], algo.params.linkage)
+        ctx.load(self.payload.models[k])
+        return adapt_newcomer(algo, ctx, GLOBAL_PARTS)
+
+
+__all__ = ["ClusterEval", "ClusterEvaluation", "ClusterState", "ClusteredFL", "Joining", "OneShotClustered", "OneShotEvaluation"]

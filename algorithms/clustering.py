@@ -17,7 +17,7 @@ matrix alone (the same on every executor).
 from __future__ import annotations
 
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -96,13 +96,26 @@ def cosine_similarity(rows: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
-def assignment(clusters: Sequence[Sequence[int]], n: int) -> np.ndarray:
-    """The cluster index of each of ``n`` clients."""
+def nearest_cluster(dist: np.ndarray, clusters: Sequence[Sequence[int]], linkage: Linkage) -> int:
+    """The cluster a newcomer joins: ``dist[j]`` its distance to client ``j``, a cluster's distance
+    the linkage's own over its members (single: the nearest member, complete: the farthest,
+    average: the mean; weighted, whose merged rows depend on the order of the merges, the mean as
+    well). The nearest cluster, the first of equals."""
+    d = np.asarray(dist, dtype=np.float64)
+    agg = {"single": np.min, "complete": np.max}.get(linkage, np.mean)
+    scores = [float(agg(d[list(members)])) for members in clusters]
+    return int(np.argmin(scores))
+
+
+def assignment(clusters: Sequence[Sequence[int]], n: int, absent: Collection[int] = ()) -> np.ndarray:
+    """The cluster index of each of ``n`` clients; -1 for a client of ``absent`` (held out of
+    training, ``eval.new_clients``) in no cluster."""
     out = np.full(n, -1, dtype=np.int64)
     for k, members in enumerate(clusters):
         out[list(members)] = k
-    if (out < 0).any():
-        raise ValueError(f"clients {np.flatnonzero(out < 0).tolist()} are in no cluster")
+    missing = [c for c in np.flatnonzero(out < 0).tolist() if c not in absent]
+    if missing:
+        raise ValueError(f"clients {missing} are in no cluster")
     return out
 
 
@@ -122,6 +135,7 @@ __all__ = [
     "bipartition",
     "cosine_similarity",
     "describe",
+    "nearest_cluster",
     "purity",
 ]
 

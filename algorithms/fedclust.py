@@ -14,6 +14,12 @@ formed once, before training, from the clients' classifier weights after a local
 - Then FedAvg inside each cluster, each from the initial model (the server holds no client's whole
   model); LM = the client's cluster model, no global model. The warm-up's training is counted in
   the run's compute (``samples_trained``).
+- Clients held out of training (``eval.new_clients``) are left out of the clustering. At each
+  evaluation such a newcomer computes its classifier after the same warm-up from the initial model on its own data, its distances to the clustered
+  clients' uploads are the server's, and it joins the cluster nearest by the linkage (single: its
+  nearest member, complete: the farthest, average and weighted: the mean), whose model it trains
+  for ``eval.new_client_epochs`` epochs (``new_lm_ptest``); the rule is ours, the clustering's own
+  applied to one more client (:class:`algorithms.clustered.OneShotEvaluation`).
 
 Where the paper is silent we follow PACFL's public hierarchical clustering (which FedClust's
 clustering step mirrors). The paper tunes the threshold per dataset; the default 1.1 is our choice,

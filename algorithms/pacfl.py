@@ -18,6 +18,12 @@ formed once, before training, from the angles between the clients' data subspace
   when that is set).
 - Then FedAvg inside each cluster, each from the initial model (the clustered base); LM = the
   client's cluster model, no global model.
+- Clients held out of training (``eval.new_clients``) are left out of the clustering. At each
+  evaluation such a newcomer computes its class subspaces on its own data, its distances to the clustered
+  clients' uploads are the server's, and it joins the cluster nearest by the linkage (single: its
+  nearest member, complete: the farthest, average and weighted: the mean), whose model it trains
+  for ``eval.new_client_epochs`` epochs (``new_lm_ptest``); the rule is ours, the clustering's own
+  applied to one more client (:class:`algorithms.clustered.OneShotEvaluation`).
 
 Differences from the authors' code (MMorafah/PACFL), each a choice: the SVD is of the run's
 normalised inputs, not the raw uint8 pixels; every class a client holds gets p vectors, which is

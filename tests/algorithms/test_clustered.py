@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from algorithms.clustering import agglomerative, assignment, bipartition, cosine_similarity
+from algorithms.clustering import agglomerative, assignment, bipartition, cosine_similarity, nearest_cluster
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
 from raysim.weights import ModelWeights
@@ -37,6 +37,20 @@ def test_agglomerative_merges_by_linkage_until_the_threshold():
     assert agglomerative(d, threshold=9.1, linkage="average") == ((0, 1, 2), (3, 4))
     assert agglomerative(d, num_clusters=2) == ((0, 1, 2), (3, 4))
     np.testing.assert_array_equal(assignment(((0, 1, 2), (3, 4)), 5), [0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(assignment(((0, 2), (3,)), 4, absent=(1,)), [0, -1, 0, 1])
+    with pytest.raises(ValueError, match=r"clients \[1\] are in no cluster"):
+        assignment(((0, 2), (3,)), 4)
+
+
+def test_a_newcomer_joins_the_nearest_cluster_by_the_linkage():
+    # distances to the clients 0..4; clusters {0, 1} and {2, 3, 4}
+    d = np.array([1.0, 9.0, 2.0, 3.0, 4.0])
+    clusters = [(0, 1), (2, 3, 4)]
+    assert nearest_cluster(d, clusters, "single") == 0  # 1 against 2
+    assert nearest_cluster(d, clusters, "complete") == 1  # 9 against 4
+    assert nearest_cluster(d, clusters, "average") == 1  # 5 against 3
+    assert nearest_cluster(d, clusters, "weighted") == 1
+    assert nearest_cluster(np.array([2.0, 2.0]), [(0,), (1,)], "single") == 0  # the first of equals
 
 
 def test_bipartition_separates_opposite_directions():
@@ -186,6 +200,50 @@ def test_one_shot_clustering_recovers_planted_label_groups(tmp_path, algo):
         )
         np.testing.assert_allclose(state.models[k].head, want, rtol=1e-5, atol=1e-7)
     assert not state.models[0].equals(state.models[1])
+
+
+@pytest.mark.parametrize("algo", ["pacfl", "fedclust"])
+def test_clients_held_out_are_left_out_of_the_clusters_and_join_the_nearest_as_newcomers(tmp_path, algo):
+    """eval.new_clients: the clients held out of training answer nothing before round 1 and are in
+    no cluster; a newcomer answers the same request on its own data, and joins the cluster its
+    answer is nearest to by the algorithm's distance and linkage (by hand here); with
+    eval.new_client_epochs 0 its model is that cluster's model, and it predicts as it does."""
+    from raysim.toolkit.context import ClientContext
+
+    cfg = tiny_config(
+        tmp_path, algo=algo, participation=1.0,
+        **{"algo.num_clusters": 2, "eval.new_clients": 0.25, "eval.new_client_epochs": 0},
+    )  # fmt: skip
+    held = cfg.new_clients
+    assert len(held) == 2
+    ex = SerialExecutor(cfg, _planted(cfg))
+    results = run_round(ex, 0, list(cfg.training_clients))
+    assert sorted(r.client for r in results) == list(cfg.training_clients)
+    state = ex.server.state
+    assert state.clusters == (tuple(c for c in GROUP_A if c not in held), tuple(c for c in GROUP_B if c not in held))
+    run_round(ex, 1, list(cfg.training_clients))
+    state = ex.server.state
+    evaluation = ex.server.algo.evaluation(state)
+    algo_w = ex.runtime.algo
+    joining = evaluation.payload.joining
+    assert [c for c, _ in joining.uploads] == list(cfg.training_clients)
+    for c in held:
+        # by hand: its answer, its distances to the clustered clients', the linkage's nearest
+        ctx = ClientContext(ex.runtime, c, 1, evaluating=True)
+        mine = algo_w.prologue_update(ctx, joining.request).extra
+        ups = [u for _, u in joining.uploads]
+        dist = algo_w.distances([*ups, mine])[-1, :-1]
+        pos = {cid: i for i, cid in enumerate(cfg.training_clients)}
+        want = nearest_cluster(dist, [[pos[m] for m in cl] for cl in state.clusters], algo_w.params.linkage)
+        assert want == (0 if c in GROUP_A else 1)  # its planted group's cluster
+        model = evaluation.newcomer_model(algo_w, ClientContext(ex.runtime, c, 1, evaluating=True))
+        from raysim.models import get_weights
+        from raysim.weights import GLOBAL_PARTS
+
+        assert get_weights(model, GLOBAL_PARTS).equals(state.models[want].select(GLOBAL_PARTS))
+    report = ex.evaluate(1)
+    assert [r.client for r in report.clients if r.new] == list(held)
+    assert all(r.lm_correct is not None for r in report.clients)
 
 
 def test_pacfl_threshold_in_degrees(tmp_path):

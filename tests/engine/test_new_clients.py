@@ -180,6 +180,8 @@ OWN_WAY = {
     "fedfomo": {"data.val_fraction": 0.2},
     "apfl": {},
     "lgfedavg": {},
+    "pacfl": {},
+    "fedclust": {},
 }
 
 
@@ -187,10 +189,13 @@ OWN_WAY = {
 def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clients_alone(tmp_path, algo):
     """FedBN (the shared weights, its own BatchNorm learned), FedALA (its first ALA, not kept),
     FedFomo (the M models it would download, weighed on its validation part), APFL (v and alpha
-    on the mixed loss), LG-FedAvg (a body of its own under the shared head): each newcomer gets a
+    on the mixed loss), LG-FedAvg (a body of its own under the shared head), PACFL and FedClust
+    (the nearest cluster, by its answer to the request of before round 1): each newcomer gets a
     model, and evaluating it changes nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
     ex = SerialExecutor(cfg, prepare(cfg))
+    if algo in ("pacfl", "fedclust"):  # their clustering before round 1, as the run's prologue
+        ex.train_round(0, list(cfg.training_clients))
     for rnd in (1, 2):
         ex.train_round(rnd)
     before = {c: dict(ex.runtime.memory.get(c).values) if c in ex.runtime.memory else None for c in range(8)}
@@ -207,7 +212,7 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
 
 @pytest.mark.ray
 def test_serial_equals_ray_for_newcomers_of_their_own(tmp_path, ray_local):
-    for algo in ("fedfomo", "fedala"):
+    for algo in ("fedfomo", "fedala", "fedclust"):
         setup = {"algo": algo, "rounds": 2, **NEW, **OWN_WAY[algo]}
         serial = run_experiment(tiny_config(tmp_path / f"s{algo}", **setup))
         ray_run = run_experiment(
@@ -215,3 +220,32 @@ def test_serial_equals_ray_for_newcomers_of_their_own(tmp_path, ray_local):
         )
         assert without_times(ray_run.rows) == without_times(serial.rows)
         assert serial.rows[-1]["new_lm_ptest"] is not None
+
+
+def one_case_per_algorithm() -> list[str]:
+    from raysim.engine.setups import builtin_algorithms
+    from tests.golden import CASES
+
+    return [next(case for case, s in CASES.items() if s["algo"] == name) for name in builtin_algorithms()]
+
+
+@pytest.mark.parametrize("case", one_case_per_algorithm())
+def test_every_algorithm_runs_with_clients_held_out(case, tmp_path):
+    """Every registered algorithm of algorithms/ (its golden case's settings) runs with a fifth of
+    its clients held out under four rotated domains, as the benchmark's rotate:4 regime does: the
+    held-out clients are reported apart, and they have a newcomer's model exactly where the
+    algorithm says it evaluates newcomers."""
+    from raysim.config import replace
+    from raysim.registry import ALGORITHMS
+    from tests.golden import case_config
+
+    cfg = case_config(case, tmp_path)
+    cfg = replace(
+        cfg, rounds=1, clients=10, participation=1.0,
+        **{"eval.every": 1, "eval.new_clients": 0.2, "eval.new_client_epochs": 1, "data.feature_shift": "rotate:4"},
+    )  # fmt: skip
+    run = run_experiment(cfg)
+    rows = pq.read_table(tmp_path / "clients.parquet").to_pylist()
+    assert {r["client"] for r in rows if r["new"]} == set(cfg.new_clients)
+    evaluates = ALGORITHMS.get(cfg.algo).evaluates_newcomers(cfg)
+    assert (run.final["new_lm_ptest"] is not None) == evaluates
