@@ -314,3 +314,21 @@ def test_a_batch_of_one_sample_on_a_batchnorm_fc_is_refused_before_training(tmp_
         run_experiment(tiny_config(tmp_path / "a", **setup))
     assert "train.drop_last=true" in str(err.value)
     assert run_experiment(tiny_config(tmp_path / "b", **setup, **{"train.drop_last": True})).rows
+
+
+def test_a_client_without_a_full_batch_is_refused_under_drop_last(tmp_path):
+    """train.drop_last leaves out each epoch's last partial batch: a client with fewer training
+    samples than a batch would have none and never train; refused once the split is known, in one
+    sentence that names the client and its size. A batch it can fill runs."""
+    from raysim.engine.runner import prepare, run_experiment
+    from raysim.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(tmp_path / "n", **{"data.partition": "dirichlet:0.1", "train.drop_last": True})
+    sizes = [int(prepare(cfg).client_train[c].size) for c in cfg.training_clients]
+    smallest = min(sizes)
+    setup = {"rounds": 1, "data.partition": "dirichlet:0.1", "train.drop_last": True}
+    with pytest.raises(ConfigError, match=f"has {smallest} training samples, fewer than a batch of {smallest + 1}") as err:
+        run_experiment(tiny_config(tmp_path / "a", **setup, **{"train.batch_size": smallest + 1}))
+    assert f"Client {sizes.index(smallest)} " in str(err.value) and "train.drop_last=false" in str(err.value)
+    assert run_experiment(tiny_config(tmp_path / "b", **setup, **{"train.batch_size": smallest})).rows
