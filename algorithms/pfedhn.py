@@ -38,8 +38,11 @@ Delta theta_i).
   momentum act on the whole table, as the authors' optimiser's do, so a row moves only from its
   client's gradients when both are zero.
 - LM: each client's model is h(v_i; phi) from the current server state, evaluated as generated (the
-  authors evaluate the generated weights, without local training). No global model (``gm_*`` null)
-  and no newcomers (a held-out client's embedding never trains).
+  authors evaluate the generated weights, without local training). No global model (``gm_*`` null).
+- Newcomers (``eval.new_clients``), as the paper's novel clients (its experiment on generalisation
+  to novel clients): the hypernetwork frozen, the newcomer's embedding alone learned on its data
+  (:meth:`PFedHNEvaluation.newcomer_model`; its optimiser, plain SGD at the embeddings' rate, and
+  its start, the client's own row of the table, are our choices).
 
 Defaults from the authors' code (AvivSham/pFedHN, ``experiments/pfedhn/trainer.py`` and
 ``experiments/pfedhn/models.py``, commit 1bc0549): inner steps 50, hidden width 100, 3 hidden layers,
@@ -168,9 +171,15 @@ def init_hypernet(
 
 def generate(phi: Sequence[torch.Tensor], n_hidden: int, client: int) -> list[torch.Tensor]:
     """theta_i = h(v_i; phi): the flat target tensors generated for ``client``, differentiable in ``phi``."""
+    return generate_from(phi, n_hidden, phi[0][client])
+
+
+def generate_from(phi: Sequence[torch.Tensor], n_hidden: int, v: torch.Tensor) -> list[torch.Tensor]:
+    """h(v; phi) for an embedding ``v`` (a newcomer's, learned with phi frozen), differentiable in
+    ``v`` and ``phi`` (``phi[0]``, the table, is not read)."""
     import torch
 
-    f = phi[1] @ phi[0][client] + phi[2]
+    f = phi[1] @ v + phi[2]
     for k in range(n_hidden):
         f = phi[3 + 2 * k] @ torch.relu(f) + phi[4 + 2 * k]
     heads = phi[3 + 2 * n_hidden :]
@@ -184,14 +193,18 @@ def as_tensors(hnet: HyperNet, grad: bool = False) -> list[torch.Tensor]:
 
 
 def generated_weights(
-    hnet: HyperNet, client: int, targets: Sequence[Target], base: ModelWeights
+    hnet: HyperNet, client: int, targets: Sequence[Target], base: ModelWeights, embedding: np.ndarray | None = None
 ) -> ModelWeights:
     """Client ``client``'s global path as generated: ``base``'s flat parts (their buffers kept) with
-    every target tensor h(v_i; phi)'s."""
+    every target tensor h(v_i; phi)'s (h(embedding; phi)'s where ``embedding`` is given)."""
     import torch
 
     with torch.no_grad():
-        outputs = generate(as_tensors(hnet), hnet.n_hidden, client)
+        phi = as_tensors(hnet)
+        if embedding is None:
+            outputs = generate(phi, hnet.n_hidden, client)
+        else:
+            outputs = generate_from(phi, hnet.n_hidden, torch.from_numpy(np.asarray(embedding, np.float32)))
     out = {part: base.part(part).copy() for part in GLOBAL_PARTS}
     for t, o in zip(targets, outputs, strict=True):
         out[t.part][t.start : t.start + t.size] = o.numpy()
@@ -269,6 +282,11 @@ class PFedHN(Algorithm[HNState]):
         if MODELS.get(cfg.model).batch_norm:
             raise ConfigError(refusal(cfg.model))
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: ExperimentConfig) -> bool:
+        """A newcomer learns its embedding with the hypernetwork frozen."""
+        return cfg.eval.new_clients > 0
+
     # ---- server side
     def embed_dim(self) -> int:
         return self.params.embed_dim or int(1 + self.cfg.clients / 4)
@@ -341,6 +359,45 @@ class PFedHNEvaluation(Evaluation):
         ctx.load(generated_weights(self.payload, ctx.cid, targets_of(ctx.model), base))
         return ctx.model
 
+    def newcomer_model(self, algo: PFedHN, ctx: ClientContext) -> SplitModel:
+        """A client held out of training, as the paper's novel clients (its experiment on
+        generalisation to novel clients): phi frozen, only its embedding learned, from its row of the table (drawn as
+        every row is, and moved only by the whole table's weight decay and momentum), by plain SGD at
+        the embeddings' rate (``embed_lr``, else ``server_lr``) on the cross-entropy of the model
+        h(v; phi) generates, over its mini-batches for ``eval.new_client_epochs`` epochs on its own
+        stream ("newcomer"); its model is then h(v; phi). Nothing is kept."""
+        import torch
+        import torch.nn.functional as F
+        from torch.func import functional_call
+
+        from raysim.engine.evaluation import newcomer_epochs
+        from raysim.models import float_tensors
+
+        hnet = self.payload
+        model = ctx.model
+        targets = targets_of(model)
+        names = {id(q): name for name, q in model.named_parameters()}
+        order = [
+            names[id(t)] for part in GLOBAL_PARTS for t in float_tensors(model.part(part))
+            if isinstance(t, torch.nn.Parameter)
+        ]  # fmt: skip
+        base = ctx.initial_weights.select(GLOBAL_PARTS)
+        ctx.load(base)  # the buffers, which the hypernetwork does not generate
+        phi = as_tensors(hnet)
+        v = torch.tensor(hnet.embeddings[ctx.cid], requires_grad=True)
+        lr = algo.params.server_lr if algo.params.embed_lr is None else algo.params.embed_lr
+        model.train()
+        for epoch in range(newcomer_epochs(algo.cfg)):
+            for x, y in ctx.batches(epoch, stream="newcomer"):
+                theta = generate_from(phi, hnet.n_hidden, v)
+                weights = {n: o.view(t.shape) for n, o, t in zip(order, theta, targets, strict=True)}
+                loss = F.cross_entropy(functional_call(model, weights, (x,)), y)
+                (grad,) = torch.autograd.grad(loss, v)
+                with torch.no_grad():
+                    v -= lr * grad
+        ctx.load(generated_weights(hnet, ctx.cid, targets, base, v.detach().numpy()))
+        return model
+
 
 __all__ = [
     "HNState",
@@ -350,6 +407,7 @@ __all__ = [
     "PFedHNEvaluation",
     "Target",
     "generate",
+    "generate_from",
     "generated_weights",
     "hypernet_gradient",
     "hypernet_step",

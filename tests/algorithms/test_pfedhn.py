@@ -231,6 +231,53 @@ def test_a_clients_personal_model_is_what_the_hypernetwork_generates_for_it(tmp_
     assert not models[3].equals(models[5])
 
 
+def test_a_newcomer_learns_its_embedding_with_the_hypernetwork_frozen(tmp_path):
+    """A client held out of training (eval.new_clients) starts from its row of the table and takes
+    SGD steps on its embedding alone, at the embeddings' rate, on the cross-entropy of what the
+    frozen hypernetwork generates: one step on one batch of all its samples, checked against the
+    gradient by central differences; its model is h(v'; phi); the server's state is untouched."""
+    import torch
+
+    from raysim.models import get_weights, set_weights
+
+    ex = _executor(
+        tmp_path,
+        **{"algo.inner_steps": 2, "algo.embed_lr": 0.5, "eval.new_clients": 0.25, "eval.new_client_epochs": 1,
+           "train.batch_size": 400},
+    )  # fmt: skip
+    cfg = ex.cfg
+    run_round(ex, 1, list(cfg.training_clients))
+    state = ex.server.state
+    before = [t.copy() for t in state.hnet.tensors]
+    algo = ex.runtime.algo
+    evaluation = ex.server.algo.evaluation(state)
+    c = cfg.new_clients[0]
+    model = evaluation.newcomer_model(algo, _context(ex, c, 1, evaluating=True))
+    got = get_weights(model, GLOBAL_PARTS)
+
+    ctx = _context(ex, c, 1, evaluating=True)
+    x, y = ctx.train_tensors()
+    assert x.shape[0] <= 400  # one batch: every sample, in any order
+    targets, base = ex.server.algo._targets, ex.server.algo._base
+
+    def loss(v):
+        set_weights(ctx.model, generated_weights(state.hnet, c, targets, base, v))
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(ctx.model(x), y))
+
+    v0 = state.hnet.embeddings[c].astype(np.float64)
+    eps = 1e-3
+    grad = np.array([(loss(v0 + eps * e) - loss(v0 - eps * e)) / (2 * eps) for e in np.eye(v0.size)])
+    assert np.abs(grad).max() > 1e-3  # a step that moves it
+    want = generated_weights(state.hnet, c, targets, base, v0 - 0.5 * grad)
+    for part in GLOBAL_PARTS:
+        np.testing.assert_allclose(got.part(part), want.part(part), rtol=1e-3, atol=2e-5)
+    assert not got.equals(_generated(ex, state, c))  # it moved from its row's model
+    assert all(np.array_equal(a, b) for a, b in zip(before, state.hnet.tensors, strict=True))
+    result = run_experiment(_config(tmp_path / "run", rounds=2, **{"eval.new_clients": 0.25, "algo.inner_steps": 2}))
+    assert result.final["new_lm_ptest"] is not None and result.final["new_gm_ptest"] is None
+
+
 def test_the_hypernetwork_is_server_state_and_resumes_to_the_bit(tmp_path):
     whole = _executor(tmp_path / "a", **{"algo.inner_steps": 2})
     stopped = _executor(tmp_path / "b", **{"algo.inner_steps": 2})

@@ -182,6 +182,7 @@ OWN_WAY = {
     "lgfedavg": {},
     "pacfl": {},
     "fedclust": {},
+    "pfedhn": {"algo.inner_steps": 2},
 }
 
 
@@ -190,7 +191,8 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
     """FedBN (the shared weights, its own BatchNorm learned), FedALA (its first ALA, not kept),
     FedFomo (the M models it would download, weighed on its validation part), APFL (v and alpha
     on the mixed loss), LG-FedAvg (a body of its own under the shared head), PACFL and FedClust
-    (the nearest cluster, by its answer to the request of before round 1): each newcomer gets a
+    (the nearest cluster, by its answer to the request of before round 1), pFedHN (its embedding
+    learned with the hypernetwork frozen): each newcomer gets a
     model, and evaluating it changes nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
     ex = SerialExecutor(cfg, prepare(cfg))
