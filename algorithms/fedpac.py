@@ -21,7 +21,8 @@ Server: theta <- sum n_i theta_i / sum n_i; c_k = sum_i n_ik mu_ik / sum_i n_ik 
 for each sampled client i, alpha_i from :mod:`algorithms.collaboration` (classifier collaboration, CC;
 ``combine=false`` keeps alpha_i = e_i) and client i's new head sum_j alpha_ij phi_j, which is its head
 from then on (evaluated at once, as the authors' code does, and sent with its next job).
-LM = global theta + the client's head; there is no global model (``gm_*`` null). With partial
+LM = global theta + the client's head; there is no global model (``gm_*`` null). A newcomer
+(``eval.new_clients``) takes theta with the initial head and trains the head as step 2 does. With partial
 participation every client takes part in the last round (``all_in_last_round``, as the report's
 100-client setting does).
 TensorBoard: the alpha matrix of the round as a heat map (a row per sampled client) on evaluated
@@ -115,6 +116,11 @@ class FedPAC(Algorithm[PACState]):
     has_global_model = False
     has_personal_model = True
     round_log = RoundLog()
+
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains a head on the shared body (:meth:`PACEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
 
     @classmethod
     def paper_setup(cls, dataset: DatasetInfo) -> dict[str, Any]:
@@ -249,6 +255,20 @@ class PACEvaluation(Evaluation):
 
     def personal_model(self, algo: FedPAC, ctx: ClientContext) -> SplitModel:
         ctx.load(self.payload.body.merged(algo._head(ctx, self.payload.heads[ctx.cid])))
+        return ctx.model
+
+    def newcomer_model(self, algo: FedPAC, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: the shared body theta with the initial head, the head
+        trained as a client's step 2 trains it (theta frozen, cross-entropy at ``head_lr``) for
+        ``eval.new_client_epochs`` epochs on its own stream. No classifier collaboration: a newcomer
+        is in no round's combination."""
+        from raysim.engine.evaluation import newcomer_epochs
+        from raysim.toolkit.train import cross_entropy
+
+        ctx.load(self.payload.body.merged(ctx.initial_weights.select(("head",))))
+        epochs = newcomer_epochs(algo.cfg)
+        if epochs > 0:
+            ctx.train(("head",), algo.params.head_lr, epochs=epochs, loss_fn=cross_entropy, stream="newcomer")
         return ctx.model
 
 

@@ -184,3 +184,31 @@ def test_every_client_takes_part_in_the_last_round(tmp_path):
         c := tiny_config(tmp_path / "off", **{**SETUP, "algo.all_in_last_round": False}), prepare(c)
     )
     assert len(off.server.algo.plan(off.server.state, 3, [1, 5])) == 2
+
+
+@pytest.mark.parametrize("epochs", [0, 1])
+def test_a_newcomer_trains_a_head_of_its_own_on_the_shared_body(tmp_path, epochs):
+    """A client held out of training (eval.new_clients): the shared body as the server holds it,
+    untouched, with the initial head; with eval.new_client_epochs 0 that head itself, with 1 the head
+    trained (cross-entropy at head_lr, the body frozen) and nothing else moved."""
+    from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
+
+    cfg = tiny_config(
+        tmp_path, algo="fedpac", participation=1.0, **{"eval.new_clients": 0.25, "eval.new_client_epochs": epochs}
+    )
+    ex = SerialExecutor(cfg, prepare(cfg))
+    ex.train_round(1)
+    state = ex.server.state
+    evaluation = ex.server.algo.evaluation(state)
+    c = cfg.new_clients[0]
+    assert state.heads[c] is None  # it never trained
+    ctx = ClientContext(ex.runtime, c, 1, evaluating=True)
+    model = evaluation.newcomer_model(ex.runtime.algo, ctx)
+    got = get_weights(model, (*BODY, "head"))
+    assert got.select(BODY).equals(state.body)
+    initial = ctx.initial_weights.select(("head",))
+    assert got.select(("head",)).equals(initial) == (epochs == 0)
+    assert ex.server.state is state and state.heads[c] is None
+    report = ex.evaluate(1)
+    assert all(r.lm_correct is not None for r in report.clients if r.new)

@@ -183,6 +183,7 @@ OWN_WAY = {
     "pacfl": {},
     "fedclust": {},
     "pfedhn": {"algo.inner_steps": 2},
+    "fedpac": {},
 }
 
 
@@ -192,7 +193,7 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
     FedFomo (the M models it would download, weighed on its validation part), APFL (v and alpha
     on the mixed loss), LG-FedAvg (a body of its own under the shared head), PACFL and FedClust
     (the nearest cluster, by its answer to the request of before round 1), pFedHN (its embedding
-    learned with the hypernetwork frozen): each newcomer gets a
+    learned with the hypernetwork frozen), FedPAC (a head on the shared body): each newcomer gets a
     model, and evaluating it changes nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
     ex = SerialExecutor(cfg, prepare(cfg))
