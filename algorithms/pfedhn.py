@@ -361,11 +361,12 @@ class PFedHNEvaluation(Evaluation):
 
     def newcomer_model(self, algo: PFedHN, ctx: ClientContext) -> SplitModel:
         """A client held out of training, as the paper's novel clients (its experiment on
-        generalisation to novel clients): phi frozen, only its embedding learned, from its row of the table (drawn as
-        every row is, and moved only by the whole table's weight decay and momentum), by plain SGD at
-        the embeddings' rate (``embed_lr``, else ``server_lr``) on the cross-entropy of the model
-        h(v; phi) generates, over its mini-batches for ``eval.new_client_epochs`` epochs on its own
-        stream ("newcomer"); its model is then h(v; phi). Nothing is kept."""
+        generalisation to novel clients): phi frozen, only its embedding learned, from its row of
+        the table (drawn as every row is, and moved only by the whole table's weight decay and
+        momentum), by plain SGD at the embeddings' rate (``embed_lr``, else ``server_lr``) on the
+        cross-entropy of the model h(v; phi) generates, over its mini-batches for
+        ``eval.new_client_epochs`` epochs on its own stream ("newcomer"); its model is then
+        h(v; phi). Nothing is kept."""
         import torch
         import torch.nn.functional as F
         from torch.func import functional_call

@@ -200,11 +200,12 @@ def check_batches(cfg: ExperimentConfig, data: FederatedData) -> None:
     """Refuse, once the split is known and before any training, a run whose model cannot train on
     a batch of one sample (a BatchNorm after a fully connected layer) where a client's training set
     would leave one sample for an epoch's last batch; and, with ``train.drop_last``, a run where a
-    client has fewer training samples than a batch, so no batch at all (it would never train, and
-    Per-FedAvg's and pFedMe's steps need one)."""
+    client (one that trains or a newcomer, which adapts on its own) has fewer training samples than
+    a batch, so no batch at all (it would never train, and Per-FedAvg's personalisation step needs
+    one)."""
     b = cfg.train.batch_size
     if cfg.train.drop_last:
-        short = [c for c in cfg.training_clients if data.client_train[c].size < b]
+        short = [c for c, idx in enumerate(data.client_train) if idx.size < b]
         if short:
             raise ConfigError(
                 f"Client {short[0]} has {data.client_train[short[0]].size} training samples, fewer than "
