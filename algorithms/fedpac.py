@@ -22,9 +22,9 @@ for each sampled client i, alpha_i from :mod:`algorithms.collaboration` (classif
 ``combine=false`` keeps alpha_i = e_i) and client i's new head sum_j alpha_ij phi_j, which is its head
 from then on (evaluated at once, as the authors' code does, and sent with its next job).
 LM = global theta + the client's head; there is no global model (``gm_*`` null). A newcomer
-(``eval.new_clients``) takes theta with the initial head and trains the head as step 2 does. With partial
-participation every client takes part in the last round (``all_in_last_round``, as the report's
-100-client setting does).
+(``eval.new_clients``) takes theta with the initial head and trains the head as step 2 does.
+With partial participation every client takes part in the last round (``all_in_last_round``, as
+the report's 100-client setting does).
 TensorBoard: the alpha matrix of the round as a heat map (a row per sampled client) on evaluated
 rounds, and the mean weight clients keep on their own head.
 """
