@@ -84,12 +84,16 @@ class ClusteredFL(Algorithm[ClusterState]):
         self._init = ctx.init_weights.select(GLOBAL_PARTS)
         return ClusterState((tuple(range(self.cfg.clients)),), (self._init,))
 
+    def cluster_index(self, clusters: Clusters) -> np.ndarray:
+        """Each client's cluster; -1 for a client held out of training (``eval.new_clients``)."""
+        return assignment(clusters, self.cfg.clients, self.cfg.new_clients)
+
     def initial_models(self, clusters: Clusters) -> tuple[ModelWeights, ...]:
         """Every cluster starting from the seeded initial model."""
         return (self._init,) * len(clusters)
 
     def plan(self, state: ClusterState, rnd: int, sampled: Sequence[int]) -> list[Job]:
-        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
+        of = self.cluster_index(state.clusters)
         lr = self.lr(rnd)
         return [Job((c,), WeightsPayload(state.models[of[c]], lr)) for c in sampled]
 
@@ -97,7 +101,7 @@ class ClusteredFL(Algorithm[ClusterState]):
         self, clusters: Clusters, models: Sequence[ModelWeights], results: Sequence[JobResult]
     ) -> tuple[ModelWeights, ...]:
         """Each cluster's model: the weighted mean of its participants' uploads, else unchanged."""
-        of = assignment(clusters, self.cfg.clients, self.cfg.new_clients)
+        of = self.cluster_index(clusters)
         uploads: dict[int, list[ClientResult]] = {}
         for jr in results:
             uploads.setdefault(int(of[jr.final.client]), []).append(jr.final)
@@ -123,7 +127,7 @@ class ClusteredFL(Algorithm[ClusterState]):
         )
 
     def evaluation(self, state: ClusterState) -> Evaluation:
-        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
+        of = self.cluster_index(state.clusters)
         return ClusterEvaluation(ClusterEval(tuple(int(k) for k in of), state.models))
 
     def round_scalars(self, state: ClusterState, rnd: int) -> dict[str, float]:
@@ -212,7 +216,7 @@ class OneShotClustered(ClusteredFL):
         return self.prologue_payload(ClusterState((tuple(self.cfg.training_clients),), (self._init,)))
 
     def evaluation(self, state: ClusterState) -> Evaluation:
-        of = assignment(state.clusters, self.cfg.clients, self.cfg.new_clients)
+        of = self.cluster_index(state.clusters)
         return OneShotEvaluation(ClusterEval(tuple(int(k) for k in of), state.models, state.extra))
 
     def local_update(self, ctx: ClientContext, payload: Any) -> ClientResult:

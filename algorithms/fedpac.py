@@ -262,14 +262,10 @@ class PACEvaluation(Evaluation):
         trained as a client's step 2 trains it (theta frozen, cross-entropy at ``head_lr``) for
         ``eval.new_client_epochs`` epochs on its own stream. No classifier collaboration: a newcomer
         is in no round's combination."""
-        from raysim.engine.evaluation import newcomer_epochs
-        from raysim.toolkit.train import cross_entropy
+        from raysim.engine.evaluation import adapt_newcomer
 
         ctx.load(self.payload.body.merged(ctx.initial_weights.select(("head",))))
-        epochs = newcomer_epochs(algo.cfg)
-        if epochs > 0:
-            ctx.train(("head",), algo.params.head_lr, epochs=epochs, loss_fn=cross_entropy, stream="newcomer")
-        return ctx.model
+        return adapt_newcomer(algo, ctx, ("head",), lr=algo.params.head_lr)
 
 
 __all__ = ["FedPAC", "FedPACConfig"]

@@ -182,6 +182,14 @@ CASES: dict[str, dict[str, Any]] = {
 CASES["fed3p2-nchw"] = {**CASES["fed3p2"], "train.channels_last": False}
 
 
+def one_case_per_algorithm() -> list[str]:
+    """The first case of each algorithm raysim ships (``algorithms/``), in name order: what a test
+    of every algorithm runs."""
+    from raysim.engine.setups import builtin_algorithms
+
+    return [next(case for case, s in CASES.items() if s["algo"] == name) for name in sorted(builtin_algorithms())]
+
+
 def case_config(name: str, out: Path, **changes: Any) -> Any:
     from tests.conftest import tiny_config
 

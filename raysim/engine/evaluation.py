@@ -85,15 +85,19 @@ def newcomer_epochs(cfg: Any) -> int:
     return cfg.train.local_epochs if epochs is None else int(epochs)
 
 
-def adapt_newcomer(algo: Any, ctx: ClientContext, parts: tuple[str, ...], loss_fn: Any = None) -> SplitModel:
+def adapt_newcomer(
+    algo: Any, ctx: ClientContext, parts: tuple[str, ...], loss_fn: Any = None, lr: float | None = None
+) -> SplitModel:
     """A newcomer's adaptation of the model loaded in ``ctx.model``: ``parts`` trained for
-    :func:`newcomer_epochs` epochs at the evaluated round's rate on the client's training data, on its
-    own random stream ("newcomer"), with ``loss_fn`` (cross-entropy on the global path by default)."""
+    :func:`newcomer_epochs` epochs at ``lr`` (default the evaluated round's rate) on the client's
+    training data, on its own random stream ("newcomer"), with ``loss_fn`` (cross-entropy on the
+    global path by default)."""
     epochs = newcomer_epochs(algo.cfg)
     if epochs > 0 and parts:
         from raysim.toolkit.train import cross_entropy
 
-        ctx.train(parts, algo.lr(ctx.rnd), epochs=epochs, loss_fn=loss_fn or cross_entropy, stream="newcomer")
+        rate = algo.lr(ctx.rnd) if lr is None else lr
+        ctx.train(parts, rate, epochs=epochs, loss_fn=loss_fn or cross_entropy, stream="newcomer")
     return ctx.model
 
 

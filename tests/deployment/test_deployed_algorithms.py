@@ -9,9 +9,8 @@ import pytest
 from raysim.deployment.model import Deployment
 from raysim.engine.executors.serial import SerialExecutor
 from raysim.engine.runner import prepare, run_experiment
-from raysim.registry import ALGORITHMS
 from tests.conftest import tiny_config, without_times
-from tests.golden import CASES, case_config
+from tests.golden import case_config, one_case_per_algorithm
 
 #: lost updates, partial work, slow devices and a deadline, all at once
 HARSH = {
@@ -20,11 +19,6 @@ HARSH = {
     "deployment.devices": "lognormal:1",
     "deployment.policy": "deadline",
 }
-
-
-def one_case_per_algorithm() -> list[str]:
-    ours = sorted(n for n, cls in ALGORITHMS.items() if cls.__module__.startswith("algorithms."))
-    return [next(case for case, s in CASES.items() if s["algo"] == name) for name in ours]
 
 
 @pytest.mark.parametrize("case", one_case_per_algorithm())

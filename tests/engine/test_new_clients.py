@@ -16,6 +16,7 @@ from raysim.rng import held_out_clients
 from raysim.toolkit.context import ClientContext
 from raysim.weights import BODY, GLOBAL_PARTS
 from tests.conftest import run_round, tiny_config, without_times
+from tests.golden import one_case_per_algorithm
 
 NEW = {"eval.new_clients": 0.25, "eval.new_client_epochs": 1}
 
@@ -223,13 +224,6 @@ def test_serial_equals_ray_for_newcomers_of_their_own(tmp_path, ray_local):
         )
         assert without_times(ray_run.rows) == without_times(serial.rows)
         assert serial.rows[-1]["new_lm_ptest"] is not None
-
-
-def one_case_per_algorithm() -> list[str]:
-    from raysim.engine.setups import builtin_algorithms
-    from tests.golden import CASES
-
-    return [next(case for case, s in CASES.items() if s["algo"] == name) for name in builtin_algorithms()]
 
 
 @pytest.mark.parametrize("case", one_case_per_algorithm())
