@@ -169,6 +169,25 @@ def _conv_stack(
     return layers
 
 
+def activation_before_pool(model: SplitModel) -> SplitModel:
+    """A copy of ``model`` whose extractor applies each activation before the max-pool it follows,
+    the papers' order (``_conv_stack`` builds the other): the same weights, for checking and timing
+    the two orders against each other. A model with no max-pool followed by an activation is
+    refused."""
+    import copy
+
+    other = copy.deepcopy(model)
+    layers = list(other.extractor.children())
+    pools = [i for i in range(len(layers) - 1) if isinstance(layers[i], nn.MaxPool2d)
+             and isinstance(layers[i + 1], (nn.ReLU, nn.LeakyReLU))]  # fmt: skip
+    if not pools:
+        raise ValueError("The model's extractor has no max-pool followed by an activation to swap.")
+    for i in pools:
+        layers[i], layers[i + 1] = layers[i + 1], layers[i]
+    other.extractor = nn.Sequential(*layers)
+    return other
+
+
 def _with_fc(
     convs: list[nn.Module], input_shape: Sequence[int], width: int, act: nn.Module, batch_norm: bool = False
 ) -> tuple[nn.Sequential, int]:

@@ -38,19 +38,6 @@ MODELS = {
 }
 
 
-def act_first(model):  # type: ignore[no-untyped-def]
-    """A copy of ``model`` whose extractor applies each activation before the max-pool it follows."""
-    import torch.nn as nn
-
-    other = copy.deepcopy(model)
-    mods = list(other.extractor)
-    for i in range(len(mods) - 1):
-        if isinstance(mods[i], nn.MaxPool2d) and isinstance(mods[i + 1], (nn.ReLU, nn.LeakyReLU)):
-            mods[i], mods[i + 1] = mods[i + 1], mods[i]
-    other.extractor = nn.Sequential(*mods)
-    return other
-
-
 def steps(model, x, y, n: int) -> float:  # type: ignore[no-untyped-def]
     """Mean ms of ``n`` SGD steps of ``model`` on (x, y)."""
     import torch
@@ -73,13 +60,13 @@ def main() -> None:
         raise SystemExit("--steps and --rounds must be at least 1.")
     import torch
 
-    from raysim.models import build_model
+    from raysim.models import activation_before_pool, build_model
 
     torch.set_num_threads(1)
     result: dict[str, object] = {"threads": 1, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     for name, (shape, batch) in MODELS.items():
         ours = build_model(name, shape, 10, 0)
-        theirs = act_first(ours)
+        theirs = activation_before_pool(ours)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(batch, *shape, generator=gen).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, 10, (batch,), generator=gen)

@@ -116,11 +116,10 @@ def test_pooling_before_the_activation_gives_the_papers_numbers_to_the_bit():
     papers' nets activate first. The same weights, both orders: the same outputs and the same
     gradients to the bit, over steps of training and in train mode (BatchNorm's batch statistics),
     on inputs shifted so that many pooling windows hold no positive value."""
-    import copy
-
     import torch
     from torch import nn
 
+    from raysim.models import activation_before_pool
     from raysim.toolkit.train import cross_entropy
 
     for name, shape in (("cnn3p2_fmnist", (1, 28, 28)), ("cnn3p2_fmnist_bn", (1, 28, 28)),
@@ -129,11 +128,9 @@ def test_pooling_before_the_activation_gives_the_papers_numbers_to_the_bit():
         layers = list(ours.extractor)
         pools = [i for i, m in enumerate(layers) if isinstance(m, nn.MaxPool2d)]
         assert pools and all(isinstance(layers[i + 1], nn.ReLU) for i in pools)
-        theirs = copy.deepcopy(ours)
-        for i in pools:
-            layers[i], layers[i + 1] = layers[i + 1], layers[i]
-        theirs.extractor = nn.Sequential(*copy.deepcopy(layers))
-        assert [type(m) for m in theirs.extractor][pools[0]] is nn.ReLU
+        theirs = activation_before_pool(ours)
+        assert all(isinstance(theirs.extractor[i], nn.ReLU) and isinstance(theirs.extractor[i + 1], nn.MaxPool2d)
+                   for i in pools)  # fmt: skip
         gen = torch.Generator().manual_seed(3)
         opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, theirs)]
         for _ in range(3):
@@ -152,6 +149,8 @@ def test_pooling_before_the_activation_gives_the_papers_numbers_to_the_bit():
             assert [n for n, _ in outs[1]] == [n for n, _ in outs[3]] and len(outs[1]) > 4
             assert all(torch.equal(a, b) for (_, a), (_, b) in zip(outs[1], outs[3], strict=True))
         assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
+    with pytest.raises(ValueError, match="no max-pool followed by an activation"):
+        activation_before_pool(build_model("mlp_fcd", (1, 28, 28), 10, seed=0))
 
 
 def test_channels_last_changes_the_layout_only():
