@@ -102,11 +102,13 @@ class PFedHNConfig:
 
 @dataclass(frozen=True)
 class Target:
-    """One generated parameter tensor: its part and where it lies in the part's flat array."""
+    """One generated parameter tensor: its part, where it lies in the part's flat array, and its
+    name among the model's parameters (``functional_call``'s key)."""
 
     part: str
     start: int
     shape: tuple[int, ...]
+    name: str
 
     @property
     def size(self) -> int:
@@ -120,12 +122,13 @@ def targets_of(model: SplitModel) -> tuple[Target, ...]:
 
     from raysim.models import float_tensors
 
+    names = {id(q): name for name, q in model.named_parameters()}
     out = []
     for part in GLOBAL_PARTS:
         offset = 0
         for t in float_tensors(model.part(part)):
             if isinstance(t, torch.nn.Parameter):
-                out.append(Target(part, offset, tuple(t.shape)))
+                out.append(Target(part, offset, tuple(t.shape), names[id(t)]))
             offset += t.numel()
     return tuple(out)
 
@@ -372,16 +375,10 @@ class PFedHNEvaluation(Evaluation):
         from torch.func import functional_call
 
         from raysim.engine.evaluation import newcomer_epochs
-        from raysim.models import float_tensors
 
         hnet = self.payload
         model = ctx.model
         targets = targets_of(model)
-        names = {id(q): name for name, q in model.named_parameters()}
-        order = [
-            names[id(t)] for part in GLOBAL_PARTS for t in float_tensors(model.part(part))
-            if isinstance(t, torch.nn.Parameter)
-        ]  # fmt: skip
         base = ctx.initial_weights.select(GLOBAL_PARTS)
         ctx.load(base)  # the buffers, which the hypernetwork does not generate
         phi = as_tensors(hnet)
@@ -391,7 +388,7 @@ class PFedHNEvaluation(Evaluation):
         for epoch in range(newcomer_epochs(algo.cfg)):
             for x, y in ctx.batches(epoch, stream="newcomer"):
                 theta = generate_from(phi, hnet.n_hidden, v)
-                weights = {n: o.view(t.shape) for n, o, t in zip(order, theta, targets, strict=True)}
+                weights = {t.name: o.view(t.shape) for o, t in zip(theta, targets, strict=True)}
                 loss = F.cross_entropy(functional_call(model, weights, (x,)), y)
                 (grad,) = torch.autograd.grad(loss, v)
                 with torch.no_grad():

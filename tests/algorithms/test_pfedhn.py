@@ -75,7 +75,7 @@ def test_each_client_trains_its_own_generated_weights_for_k_steps_and_uploads_th
 
 # a hypernetwork small enough to differentiate by hand: N = 3 clients, d = 2, width 4, one hidden
 # layer, two generated tensors of the part "head" (3 and 2 entries)
-_TARGETS = (Target("head", 0, (3,)), Target("head", 3, (2,)))
+_TARGETS = (Target("head", 0, (3,), "head.weight"), Target("head", 3, (2,), "head.bias"))
 
 
 def _tiny_hypernet(seed=2, n=3, d=2, h=4):
