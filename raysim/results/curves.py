@@ -253,8 +253,7 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     legend_columns = math.ceil(entries / max(1, int((height - 0.4) / LEGEND_ENTRY_HEIGHT)))
     beside = legend_columns <= 2
     legend_width = LEGEND_COLUMN_WIDTH * legend_columns if beside else 0.0
-    below = 0.0 if beside else LEGEND_ENTRY_HEIGHT * math.ceil(entries / (2 * columns + 1)) + 0.3
-    fig = Figure(figsize=(panel_size[0] * columns + legend_width, height + below), dpi=DPI)
+    fig = Figure(figsize=(panel_size[0] * columns + legend_width, height), dpi=DPI)  # a legend beneath adds its height
     FigureCanvasAgg(fig)
     axes = fig.subplots(grid_rows, columns, sharex=True, sharey=True, squeeze=False)
     for k, panel in enumerate(panels):
@@ -295,8 +294,18 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
             ncol=legend_columns, fontsize="small", frameon=False, handlelength=2.2,
         )  # fmt: skip
         area: tuple[float, float, float, float] = (0, 0, 1 - legend_width / fig.get_figwidth(), 1)
-    else:  # a long legend goes beneath the panels, in columns
-        legend = fig.legend(handles, labels, loc="lower center", ncol=2 * columns + 1, fontsize="x-small", frameon=False, handlelength=2.2)
+    else:  # a long legend goes beneath the panels, in as many columns as the figure's width holds
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        ncol = 2 * columns + 1
+        while True:
+            legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize="x-small", frameon=False, handlelength=2.2)
+            extent = legend.get_window_extent(renderer)
+            if ncol == 1 or extent.width <= 0.98 * fig.bbox.width:
+                break
+            legend.remove()
+            ncol -= 1
+        below = extent.height / fig.dpi + 0.3
+        fig.set_size_inches(fig.get_figwidth(), height + below)
         area = (0, below / fig.get_figheight(), 1, 1)
     for text, handle in zip(legend.get_texts(), handles, strict=True):
         if handle.get_linestyle() == "None":

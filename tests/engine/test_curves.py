@@ -124,3 +124,22 @@ def test_the_figure_draws_each_configurations_mean_over_seeds_in_its_panel(tmp_p
     assert figure(rows, "gm_gtest", plan) is None
     assert not small_multiples(rows, "gm_gtest", tmp_path / "x.png", plan) and not (tmp_path / "x.png").exists()
     assert small_multiples(rows, "lm_ptest", tmp_path / "y.png", plan) and (tmp_path / "y.png").stat().st_size > 5000
+
+
+def test_a_long_legend_beneath_the_panels_lies_inside_the_figure() -> None:
+    """Many long labels put the legend beneath the panels, in as many columns as the figure's
+    width holds: every entry is inside the figure, none cut off at its edges."""
+    algos = ("fedavg", "fedbabu", "spherefed", "feddrplus")
+    names = [f"{a}_local_epochs={e}_partition={p}" for a in algos for e in (1, 2, 3, 5, 10, 20, 30, 40) for p in ("shard_2", "dirichlet_0.1")]
+    rows = [{"config": c, "seed": 0, "round": r, "gm_gtest": 0.5, "lm_ptest": None} for c in names for r in (5, 10)]
+    plan = layout([(c, c.split("_")[0]) for c in names])
+    fig = figure(rows, "gm_gtest", plan)
+    assert fig is not None
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(renderer), fig.bbox
+    assert len(legend.get_texts()) == len(names) // 2 + 2  # the labels (a panel each partition) and two families
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    assert all(page.x0 <= t.get_window_extent(renderer).x0 and t.get_window_extent(renderer).x1 <= page.x1 for t in legend.get_texts())
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 2 and all(ax.get_window_extent(renderer).y0 > box.y1 for ax in panels)  # beneath them
