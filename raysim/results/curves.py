@@ -193,6 +193,36 @@ def styles(lines: Sequence[Line]) -> dict[str, tuple[tuple[float, float, float],
     return out
 
 
+def legend_entries(
+    lines: Sequence[Line], style: Mapping[str, tuple[tuple[float, float, float], str]], **line_kw: Any
+) -> tuple[list[Any], list[str]]:
+    """A legend's handles and labels for ``lines``: family by family (:data:`FAMILIES`' order), each
+    family's title (a handle without a line) and then its labels in their order, each in its
+    ``style``; ``line_kw``: more of the handles' line properties (a marker)."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = []
+    labels: list[str] = []
+    for family, (title, _) in FAMILIES.items():
+        family_labels = list(dict.fromkeys(line.label for line in lines if line.family == family))
+        if not family_labels:
+            continue
+        handles.append(Line2D([], [], linestyle="none"))
+        labels.append(title)
+        for label in family_labels:
+            colour, dash = style[label]
+            handles.append(Line2D([], [], color=colour, linestyle=dash, linewidth=1.6, **line_kw))  # type: ignore[arg-type]
+            labels.append("  " + label)
+    return handles, labels
+
+
+def bold_family_titles(legend: Any, handles: Sequence[Any]) -> None:
+    """The family titles of a legend of :func:`legend_entries` in bold."""
+    for text, handle in zip(legend.get_texts(), handles, strict=True):
+        if handle.get_linestyle() == "None":
+            text.set_fontweight("bold")
+
+
 def bands(
     rows: Sequence[Mapping[str, Any]], metric: str, against: str = "round"
 ) -> dict[str, tuple[list[float], list[float], list[float]]]:
@@ -236,7 +266,6 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     configuration has the metric."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     data = bands(rows, metric, against)
@@ -277,17 +306,7 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
         ax.set_xlabel("round" if against == "round" else "simulated time (s)")
     for row in axes:
         row[0].set_ylabel("accuracy (%)")
-    handles, labels = [], []
-    for family, (title, _) in FAMILIES.items():
-        family_labels = list(dict.fromkeys(line.label for line in drawn if line.family == family))
-        if not family_labels:
-            continue
-        handles.append(Line2D([], [], linestyle="none"))
-        labels.append(title)
-        for label in family_labels:
-            colour, dash = style[label]
-            handles.append(Line2D([], [], color=colour, linestyle=dash, linewidth=1.6))  # type: ignore[arg-type]
-            labels.append("  " + label)
+    handles, labels = legend_entries(drawn, style)
     if beside:
         legend = fig.legend(
             handles, labels, loc="upper left", bbox_to_anchor=(1 - legend_width / fig.get_figwidth(), 0.98),
@@ -307,13 +326,11 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
         below = extent.height / fig.dpi + 0.3
         fig.set_size_inches(fig.get_figwidth(), height + below)
         area = (0, below / fig.get_figheight(), 1, 1)
-    for text, handle in zip(legend.get_texts(), handles, strict=True):
-        if handle.get_linestyle() == "None":
-            text.set_fontweight("bold")
+    bold_family_titles(legend, handles)
     over = "round" if against == "round" else "simulated time"
     fig.suptitle(f"{metric} against {over}: mean over seeds, band one std", fontsize="medium")
     fig.tight_layout(rect=area)
     return fig
 
 
-__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]
+__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "bold_family_titles", "legend_entries", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]

@@ -13,6 +13,21 @@ from raysim.results.curves import Layout, layout
 from raysim.suite.spec import yaml_safe_load
 
 
+def config_algorithms(suite_dir: Path, summary: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, str | None]:
+    """Each configuration of ``summary`` (in its order) -> its algorithm: its first trial's saved
+    config's, the suite file's settings where none was saved."""
+    base_algo = (spec.get("base") or {}).get("algo")
+    declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
+    out: dict[str, str | None] = {}
+    for c in summary["configs"]:
+        algo = declared.get(c["config"], base_algo)
+        for seed in sorted(c["seeds"])[:1]:
+            saved = suite_dir / "runs" / f"{c['config']}-seed{seed}" / "config.yaml"
+            algo = yaml_safe_load(saved).get("algo", algo) if saved.is_file() else algo
+        out[str(c["config"])] = None if algo is None else str(algo)
+    return out
+
+
 def suite_layout(
     suite_dir: str | Path, summary: Mapping[str, Any] | None = None, spec: Mapping[str, Any] | None = None
 ) -> Layout:
@@ -26,14 +41,7 @@ def suite_layout(
             raise ConfigError(f"{src} is not a finished suite directory (it has no summary.json).")
         summary = json.loads((src / "summary.json").read_text())
     spec = spec if spec is not None else yaml_safe_load(src / "suite.yaml")
-    base_algo = (spec.get("base") or {}).get("algo")
-    declared = {str(c.get("name")): (c.get("set") or {}).get("algo", base_algo) for c in spec.get("configs") or []}
-    configs: list[tuple[str, str | None]] = []
-    for c in summary["configs"]:
-        algo = declared.get(c["config"], base_algo)
-        for seed in sorted(c["seeds"])[:1]:
-            algo = yaml_safe_load(src / "runs" / f"{c['config']}-seed{seed}" / "config.yaml").get("algo", algo)
-        configs.append((c["config"], None if algo is None else str(algo)))
+    configs = list(config_algorithms(src, summary, spec).items())
     names = [name for name, _ in configs]
     where = str(src / "suite.yaml")
     suffixes: list[tuple[str, str]] = []
@@ -49,4 +57,4 @@ def suite_layout(
     return layout(configs, suffixes)
 
 
-__all__ = ["suite_layout"]
+__all__ = ["config_algorithms", "suite_layout"]

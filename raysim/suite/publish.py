@@ -26,6 +26,10 @@
 - where the suite file has ``against`` (:mod:`raysim.suite.against`): a table per metric of each
   series' final value against a setting, the privacy each trial spent where it ran under DP, and
   ``against_<axis>_<metric>.png``;
+- else where configurations sweep a numeric setting and are named for it as a grid names them
+  (``fedavg_participation=0.05``; :mod:`raysim.suite.sweeps`): each series' final value against
+  the setting, a panel per setting and per value of the other settings in the names,
+  ``sweep_<metric>.png``;
 - ``suite/``: the suite's record (:mod:`raysim.suite.records`), a slim suite directory the page
   can be published again from, and a suite can be resumed from.
 
@@ -339,6 +343,13 @@ def publish(
         against = parse_against(spec["against"], [c["config"] for c in summary["configs"]], str(src / "suite.yaml"))
         section, against_pngs = against_sections(against, summary, src, out)
         parts += section
+    else:  # configurations that sweep a setting, named KEY=VALUE (raysim.suite.sweeps)
+        from raysim.suite.sweeps import sweep_plan, sweep_sections
+
+        plan = sweep_plan(summary, src, spec)
+        if plan is not None:
+            section, against_pngs = sweep_sections(plan, summary, out)
+            parts += section
     parts += _paper_sections(spec, src, summary, rows)
     class_table = class_accuracy_table(rows, summary)
     if class_table:  # eval.analyses (raysim.results.analysis)
