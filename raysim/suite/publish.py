@@ -336,7 +336,7 @@ def publish(
         from raysim.suite.regimes import parse_regimes, regime_sections
 
         regimes = parse_regimes(spec["regimes"], [c["config"] for c in summary["configs"]], str(src / "suite.yaml"))
-        parts += regime_sections(regimes, summary, _num_classes(spec.get("base", {})))
+        parts += regime_sections(regimes, summary, _num_classes(spec.get("base", {})), rows)
     if spec.get("against") is not None:  # series against a setting (raysim.suite.against)
         from raysim.suite.against import against_sections, parse_against
 

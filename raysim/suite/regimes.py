@@ -10,7 +10,9 @@ each table is sorted by (descending), and the metrics it shows::
       sort: lm_ptest
       metrics: [gm_gtest, gm_ptest, lm_ptest, new_gm_ptest, new_lm_ptest]
 
-A configuration named ``ROW_SUFFIX`` (``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. A row
+A metric may also be an accuracy's mean over the worst 10% of the clients (``lm_ptest_p10``), read
+from each trial's last evaluation in ``metrics.parquet``. A configuration named ``ROW_SUFFIX``
+(``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. A row
 without the sort metric (an algorithm without local models, sorted by ``lm_ptest``) follows the
 others, sorted by its first metric present. Each table's rows whose every accuracy shown is within
 5 points of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or
@@ -28,6 +30,8 @@ from raysim.results.curves import split_suffix
 from raysim.suite.against import check_entry, check_suffix
 
 KEYS = ("suffixes", "sort", "metrics")
+#: the suffix of an accuracy's mean over the worst 10% of the clients (raysim.results.metrics)
+WORST = "_p10"
 #: a row is near chance when every accuracy it shows is below chance plus this
 NEAR_CHANCE = 0.05
 
@@ -63,8 +67,11 @@ def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
         raise ConfigError(f"regimes.metrics in {where} is a list of metrics (such as [gm_gtest, lm_ptest]), not {metrics!r}.")
     sort = data.get("sort", metrics[0] if metrics else None)
     for m in [*metrics, sort]:
-        if m not in DEFAULT_METRICS:
-            raise ConfigError(f"regimes in {where}: {m!r} is not one of {', '.join(DEFAULT_METRICS)}.")
+        if m not in DEFAULT_METRICS and not (isinstance(m, str) and m.removesuffix(WORST) in DEFAULT_METRICS):
+            raise ConfigError(
+                f"regimes in {where}: {m!r} is not one of {', '.join(DEFAULT_METRICS)}, nor one of them "
+                f"with {WORST} (its mean over the worst 10% of the clients)."
+            )
     out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), str(sort), tuple(metrics))
     if not any(out.place(c) for c in configs):
         raise ConfigError(
@@ -73,26 +80,56 @@ def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
     return out
 
 
-def regime_sections(regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None) -> list[str]:
+def _with_worst(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """The summary's configurations, their ``mean`` and ``std`` gaining each ``*_p10`` metric of
+    ``metrics``: its value at each trial's last evaluation, mean and population std over the seeds."""
+    import numpy as np
+
+    from raysim.suite.claims import trial_values
+
+    worst = [m for m in metrics if m.endswith(WORST)]
+    values = trial_values([dict(r) for r in rows], 1) if worst else {}
+    out = []
+    for c in summary["configs"]:
+        mean, std = dict(c["mean"]), dict(c["std"])
+        for m in worst:
+            seeds = [values[key]["final"][m] / 100 for key in ((str(c["config"]), int(s)) for s in c["seeds"]) if m in values.get(key, {}).get("final", {})]
+            mean[m], std[m] = (float(np.mean(seeds)), float(np.std(seeds))) if seeds else (None, None)
+        out.append({**c, "mean": mean, "std": std})
+    return out
+
+
+def regime_sections(
+    regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None, rows: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
     """The page's section: a table per regime, its rows sorted by ``regimes.sort`` (descending), the
-    final values mean ± std over seeds, in %; beneath each, the rows near chance."""
+    final values mean ± std over seeds, in %; beneath each, the rows near chance. ``rows``: the
+    suite's ``metrics.parquet`` rows, which the ``*_p10`` metrics are read from."""
     from raysim.results.report import MISSING
 
     chance = 1.0 / num_classes if num_classes else None
+    worst = [m for m in regimes.metrics if m.endswith(WORST)]
     parts = [
         "## By regime",
         "",
         f"Each regime's rows sorted by final `{regimes.sort}` (mean over seeds; rows without it last), the "
-        "global and the local models side by side: the final value, mean ± std over seeds, in %.",
+        "global and the local models side by side: the final value, mean ± std over seeds, in %"
+        + (
+            f"; {', '.join(f'`{m}`' for m in worst)}: the mean over the worst 10% of the clients "
+            "(at least one), the row's fairness."
+            if worst
+            else "."
+        ),
         "",
     ]
+    configs = _with_worst(summary, rows, [*regimes.metrics, regimes.sort])
     for suffix, title in regimes.suffixes:
-        rows = []
-        for c in summary["configs"]:
+        rows_ = []
+        for c in configs:
             placed = regimes.place(str(c["config"]))
             if placed is not None and placed[1] == suffix:
-                rows.append((placed[0], c))
-        if not rows:
+                rows_.append((placed[0], c))
+        if not rows_:
             continue
 
         def key(row: tuple[str, Mapping[str, Any]]) -> tuple[int, float]:
@@ -103,7 +140,7 @@ def regime_sections(regimes: Regimes, summary: Mapping[str, Any], num_classes: i
             first = next((c["mean"][m] for m in regimes.metrics if c["mean"].get(m) is not None), None)
             return (1, -float(first) if first is not None else 0.0)
 
-        rows.sort(key=key)
+        rows_.sort(key=key)
         parts += [
             f"### {title}",
             "",
@@ -111,7 +148,7 @@ def regime_sections(regimes: Regimes, summary: Mapping[str, Any], num_classes: i
             "|---|" + "---|" * len(regimes.metrics),
         ]
         near = []
-        for name, c in rows:
+        for name, c in rows_:
             values = [c["mean"].get(m) for m in regimes.metrics]
             cells = [
                 MISSING if v is None else f"{100 * float(v):.2f} ± {100 * float(c['std'].get(m) or 0.0):.2f}"
@@ -131,4 +168,4 @@ def regime_sections(regimes: Regimes, summary: Mapping[str, Any], num_classes: i
     return parts
 
 
-__all__ = ["Regimes", "parse_regimes", "regime_sections"]
+__all__ = ["WORST", "Regimes", "parse_regimes", "regime_sections"]

@@ -48,7 +48,7 @@ against:
 regimes:
   suffixes: {inf: "no DP", eps20: "epsilon 20"}
   sort: lm_ptest
-  metrics: [gm_gtest, lm_ptest]
+  metrics: [gm_gtest, lm_ptest, lm_ptest_p10]
 """
 
 
@@ -82,16 +82,26 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
     assert (out / "against_epsilon_gm_gtest.png").stat().st_size > 5000
     # by regime (raysim/suite/regimes.py): rows sorted by lm_ptest, FedAvg (none) after FedPer, the
     # values summary.json's, and the rows near chance (10 classes: every accuracy below 15%) named
+    # (lm_ptest_p10: the worst 10% of FedPer's clients at the trial's last round, metrics.parquet's)
+    import pyarrow.parquet as pq
+
+    last = {}
+    for r in sorted(pq.read_table(suite_dir / "metrics.parquet").to_pylist(), key=lambda r: r["round"]):
+        last[r["config"]] = r
     by_regime = page.split("## By regime")[1].split("\n## ")[0]
+    assert "`lm_ptest_p10`: the mean over the worst 10% of the clients" in by_regime
     for suffix, title in (("inf", "no DP"), ("eps20", "epsilon 20")):
         block = by_regime.split(f"### {title}")[1].split("### ")[0]
         rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines() if line.startswith("| fed")]
         assert [r[0] for r in rows] == ["fedper", "fedavg"]
         for name, *cells in rows:
             c = summary[f"{name}_{suffix}"]
-            for cell, m in zip(cells, ("gm_gtest", "lm_ptest"), strict=True):
+            for cell, m in zip(cells[:2], ("gm_gtest", "lm_ptest"), strict=True):
                 v = c["mean"][m]
                 assert cell == ("–" if v is None else f"{100 * v:.2f} ± {100 * c['std'][m]:.2f}")
+            worst = last[f"{name}_{suffix}"]["lm_ptest_p10"]
+            assert cells[2] == ("–" if worst is None else f"{100 * worst:.2f} ± 0.00")
+            assert name == "fedavg" or worst < c["mean"]["lm_ptest"]
         near = [n for n in ("fedper", "fedavg") if all(v < 1 / 10 + 0.05 for v in (summary[f"{n}_{suffix}"]["mean"][m] for m in ("gm_gtest", "lm_ptest")) if v is not None)]
         assert ("Near chance" in block) == bool(near) and all(n in block.split("Near chance")[-1] for n in near)
     assert (out / "against_epsilon_lm_ptest.png").is_file()
@@ -134,6 +144,8 @@ def test_a_suffix_places_a_configuration_by_the_longest_match() -> None:
         ({"suffixes": {"in_f": "no DP"}}, "is not a name suffix"),
         ({"suffixes": {"inf": 3}}, "title is a text"),
         ({"suffixes": {"inf": "no DP"}, "sort": "lm_test"}, "'lm_test' is not one of"),
+        ({"suffixes": {"inf": "no DP"}, "metrics": ["lm_ptest_p20"]}, "'lm_ptest_p20' is not one of"),
+        ({"suffixes": {"inf": "no DP"}, "metrics": ["lm_test_p10"]}, "'lm_test_p10' is not one of"),
         ({"suffixes": {"inf": "no DP"}, "metrics": "gm_gtest"}, "is a list of metrics"),
         ({"suffixes": {"dir01": "Dir(0.1)"}}, "place no configuration"),
     ],
