@@ -146,7 +146,10 @@ def sweep_plan(summary: Mapping[str, Any], suite_dir: str | Path, spec: Mapping[
     keys = sorted({s.rsplit(".", 1)[-1] for names in settings.values() for s in names})
     if not keys:
         return None
+    algos = config_algorithms(src, summary, spec)
     parsed = {c: name_parts(c, keys) for c in configs}
+    # a name that is its settings alone (a grid over the base's algorithm): the series is the algorithm
+    parsed = {c: (series or algos.get(c) or "run", parts) for c, (series, parts) in parsed.items()}
     values: dict[str, dict[str, tuple[str, float] | None]] = {}  # key -> value text -> numeric
     for _, parts in parsed.values():
         for k, v in parts.items():
@@ -163,7 +166,6 @@ def sweep_plan(summary: Mapping[str, Any], suite_dir: str | Path, spec: Mapping[
         axes.remove(min(both, key=lambda a: (len(values[a]), axes.index(a))))
     if not axes:
         return None
-    algos = config_algorithms(src, summary, spec)
     panels: list[str] = []
     found: dict[tuple[str, str, str], dict[float, str]] = {}  # (axis, panel, series) -> value -> config
     axis_of: dict[str, str | None] = {}

@@ -68,6 +68,12 @@ def test_a_key_of_two_values_or_of_words_picks_the_panel_and_two_axes_in_one_nam
     kinds = {f"fedavg_partition={p}": ["algo", "data.partition"] for p in ("shard_2", "dirichlet_0.1", "pathological_2")}
     for configs in (words, two, kinds, {"fedavg": [], "fedper": []}):
         assert sweep_plan(summary_of(configs), tmp_path, {}) is None
+    # a name of settings alone (a grid over the base's algorithm): its series is the algorithm
+    alone = {f"lr={lr}": ["train.lr"] for lr in ("0.01", "0.1", "1")}
+    plan = sweep_plan(summary_of(alone), tmp_path, {"base": {"algo": "fedper"}})
+    assert plan is not None and [(ln.series, ln.algo, [x for x, _ in ln.points]) for ln in plan.lines] == [
+        ("fedper", "fedper", [0.01, 0.1, 1.0])
+    ]
 
 
 SUITE = """
