@@ -21,6 +21,9 @@ extractor theta_i, ``phead`` = the personal head phi_i (neither ever leaves its 
   fused decision = softmax(h_G(phi_g; z) + h_P(phi_i; z)) (Eq. 7-8). phi_g is never trained on a
   client. Then the LFRs of the trained extractor are uploaded with the counts (no weights).
 - LM = the fused decision of theta_i, phi_i and the current phi_g. No global extractor: ``gm_*`` null.
+- A newcomer (``eval.new_clients``, in no round and no GFR) trains its initial theta_i and phi_i by
+  Algorithm 1's client steps on the current phi_g and GFR, for ``eval.new_client_epochs`` epochs,
+  and predicts with the fused decision, as a client does.
 - Ablations (Table 3): ``lambda=0`` (w/o FA), ``fusion=false`` (local head only, w/o FD),
   ``alternate=false`` (theta_i and phi_i trained together on one loss, w/o HO).
 
@@ -199,21 +202,40 @@ class FedFCD(Algorithm[FCDState]):
         return FCDState(rnd, head, lfr, gfr, mask)
 
     def evaluation(self, state: FCDState) -> Evaluation:
-        return FCDEvaluation(state.head)
+        return FCDEvaluation(FCDPayload(state.head, state.gfr, state.gfr_mask, 0.0))
+
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains its own parts by Algorithm 1 (:meth:`FCDEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
 
     # ---------------------------------------------------------------------------------------- client
     def local_update(self, ctx: ClientContext, payload: FCDPayload) -> ClientResult:
-        import torch
-
-        from raysim.toolkit.features import aligned_cross_entropy, fused_logits
         from raysim.toolkit.train import TrainStats
 
         own = ctx.kept(OWN_PARTS)
         if payload.head is None:  # round 0: the first LFRs, no training
             ctx.load(own)
             return ctx.result(TrainStats(0.0, 0, 0), extra=ctx.class_means())
-        assert payload.gfr is not None and payload.gfr_mask is not None
         ctx.load(own.merged(payload.head))
+        losses = self.client_steps(ctx, payload, self.cfg.train.local_epochs)
+        ctx.keep(ctx.weights(OWN_PARTS))
+        stats = TrainStats(
+            float(np.mean([s.loss for s in losses])) if losses else 0.0,
+            sum(s.steps for s in losses),
+            sum(s.samples for s in losses),
+        )
+        return ctx.result(stats, extra=ctx.class_means())
+
+    def client_steps(self, ctx: ClientContext, payload: FCDPayload, epochs: int, stream: str = "local") -> list[Any]:
+        """Algorithm 1's client epochs on the loaded model (theta_i, phi_i and phi_g), ``epochs`` of
+        them on ``stream``: each the theta step then the phi step (both at once without
+        ``alternate``). Returns the TrainStats of each epoch's last step."""
+        import torch
+
+        from raysim.toolkit.features import aligned_cross_entropy, fused_logits
+
+        assert payload.gfr is not None and payload.gfr_mask is not None
         p = self.params
         fused = self.decision(ctx.model)
 
@@ -229,19 +251,13 @@ class FedFCD(Algorithm[FCDState]):
         )
 
         losses = []
-        for _ in range(self.cfg.train.local_epochs):
+        for _ in range(epochs):
             if p.alternate:  # the theta step and the phi step on the same epoch's shuffle
-                ctx.train(BODY, payload.lr, epochs=1, loss_fn=theta_loss, advance=False)
-                losses.append(ctx.train(("phead",), payload.lr, epochs=1, loss_fn=decision_loss))
+                ctx.train(BODY, payload.lr, epochs=1, loss_fn=theta_loss, stream=stream, advance=False)
+                losses.append(ctx.train(("phead",), payload.lr, epochs=1, loss_fn=decision_loss, stream=stream))
             else:
-                losses.append(ctx.train(OWN_PARTS, payload.lr, epochs=1, loss_fn=theta_loss))
-        ctx.keep(ctx.weights(OWN_PARTS))
-        stats = TrainStats(
-            float(np.mean([s.loss for s in losses])) if losses else 0.0,
-            sum(s.steps for s in losses),
-            sum(s.samples for s in losses),
-        )
-        return ctx.result(stats, extra=ctx.class_means())
+                losses.append(ctx.train(OWN_PARTS, payload.lr, epochs=1, loss_fn=theta_loss, stream=stream))
+        return losses
 
     def decision(self, model: SplitModel) -> Any:
         """The fused decision (Eq. 7-8): global head's plus local head's logits on the same z."""
@@ -251,15 +267,35 @@ class FedFCD(Algorithm[FCDState]):
 
 
 class FCDEvaluation(Evaluation):
-    """The global head; a client's personal model is its own parts with it, and predicts with
-    the fused decision (:meth:`FedFCD.decision`)."""
+    """The global head and the GFR (an :class:`FCDPayload`); a client's personal model is its own
+    parts with the head, and predicts with the fused decision (:meth:`FedFCD.decision`)."""
+
+    payload: FCDPayload
 
     def personal_model(self, algo: FedFCD, ctx: ClientContext) -> SplitModel:
-        ctx.load(ctx.kept(OWN_PARTS).merged(self.payload))
+        assert self.payload.head is not None
+        ctx.load(ctx.kept(OWN_PARTS).merged(self.payload.head))
         return ctx.model
 
     def forward(self, algo: FedFCD, model: SplitModel) -> Any:
         return algo.decision(model)
+
+    def newcomer_model(self, algo: FedFCD, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: its initial theta_i and phi_i with the current phi_g,
+        trained by Algorithm 1's client epochs on the current GFR (:meth:`FedFCD.client_steps`) for
+        ``eval.new_client_epochs``, at the round's rate, on its own stream ("newcomer")."""
+        import dataclasses
+
+        from raysim.engine.evaluation import newcomer_epochs
+
+        assert self.payload.head is not None
+        ctx.load(ctx.kept(OWN_PARTS).merged(self.payload.head))  # never trained: the initial parts
+        payload = dataclasses.replace(self.payload, lr=algo.lr(ctx.rnd))
+        algo.client_steps(ctx, payload, newcomer_epochs(algo.cfg), stream="newcomer")
+        return ctx.model
+
+    def newcomer_forward(self, algo: FedFCD, model: SplitModel) -> Any:
+        return self.forward(algo, model)
 
 
 __all__ = ["FedFCD", "FedFCDConfig"]

@@ -8,13 +8,15 @@ comparisons come from (PFLlib) runs it.
 - Server: SGD with cross-entropy on the global head over the round's (class mean, label) pairs
   (``server_lr``, ``server_epochs`` passes in mini-batches of B), as FedFCD's server does.
 - LM = the client's body with the current global head. No global extractor (``gm_*`` null).
+- A newcomer (``eval.new_clients``) trains its initial body under the global head as a client's
+  local update does, for ``eval.new_client_epochs`` epochs; its model is that body with the global head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from algorithms.base import Algorithm, Evaluation, register
 from raysim import rng
@@ -80,6 +82,11 @@ class FedGH(Algorithm[GHState]):
     def evaluation(self, state: GHState) -> Evaluation:
         return GHEvaluation(state.head)
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains its own body under the global head (:meth:`GHEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
+
     def local_update(self, ctx: ClientContext, payload: HeadPayload) -> ClientResult:
         ctx.load(ctx.kept(BODY).merged(payload.head))  # the local head replaced by the global one
         stats = ctx.train((*BODY, "head"), payload.lr)
@@ -92,6 +99,17 @@ class GHEvaluation(Evaluation):
 
     def personal_model(self, algo: FedGH, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(BODY).merged(self.payload))
+        return ctx.model
+
+    def newcomer_model(self, algo: FedGH, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: its initial body with the global head, both trained with
+        cross-entropy as a client's local update trains them, for ``eval.new_client_epochs``; then,
+        as a client's model is, that body with the global head."""
+        from raysim.engine.evaluation import adapt_newcomer
+
+        ctx.load(ctx.kept(BODY).merged(self.payload))  # a client that never trained: the initial body
+        adapt_newcomer(algo, ctx, (*BODY, "head"))
+        ctx.load(ctx.weights(BODY).merged(self.payload))
         return ctx.model
 
 

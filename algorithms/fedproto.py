@@ -9,6 +9,8 @@ comparisons come from (PFLlib) runs it: only class prototypes travel; every mode
 - Server: C_bar^(j) = the unweighted mean of the round's C_i^(j) over the clients holding class j.
 - LM: with ``predict="proto"`` (default) a sample goes to the nearest global prototype,
   argmin_j ||z - C_bar^(j)||; ``predict="head"`` uses the client's own head. No global model.
+- A newcomer (``eval.new_clients``) trains its initial model as a client's local update does, on
+  the current global prototypes, for ``eval.new_client_epochs`` epochs, and predicts as a client does.
 """
 
 from __future__ import annotations
@@ -79,13 +81,21 @@ class FedProto(Algorithm[ProtoState]):
     def evaluation(self, state: ProtoState) -> Evaluation:
         return ProtoEvaluation(ProtoPayload(state.protos, state.mask, 0.0))
 
-    def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains its own model on the global prototypes (:meth:`ProtoEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
 
+    def prototype_loss(self, ctx: ClientContext, payload: ProtoPayload) -> Any:
+        """CE + lambda * (1/d) ||z - C_bar^(y)||^2 on ``payload``'s global prototypes."""
         from raysim.toolkit.features import aligned_cross_entropy
 
+        return aligned_cross_entropy(self.params.lam, payload.protos, payload.mask, ctx.device)
+
+    def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
+
         ctx.load(ctx.kept(OWN_PARTS))
-        loss_fn = aligned_cross_entropy(self.params.lam, payload.protos, payload.mask, ctx.device)
-        stats = ctx.train(OWN_PARTS, payload.lr, loss_fn=loss_fn)
+        stats = ctx.train(OWN_PARTS, payload.lr, loss_fn=self.prototype_loss(ctx, payload))
         ctx.keep(ctx.weights(OWN_PARTS))
         return ctx.result(stats, extra=ctx.class_means())
 
@@ -99,6 +109,18 @@ class ProtoEvaluation(Evaluation):
     def personal_model(self, algo: FedProto, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(OWN_PARTS))
         return ctx.model
+
+    def newcomer_model(self, algo: FedProto, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: its initial model, trained as a client's local update
+        trains it (the current global prototypes in its loss) for ``eval.new_client_epochs``."""
+        from raysim.engine.evaluation import adapt_newcomer
+
+        assert self.payload is not None
+        ctx.load(ctx.kept(OWN_PARTS))  # a client that never trained keeps nothing: the initial model
+        return adapt_newcomer(algo, ctx, OWN_PARTS, algo.prototype_loss(ctx, self.payload))
+
+    def newcomer_forward(self, algo: FedProto, model: SplitModel) -> Any:
+        return self.forward(algo, model)
 
     def forward(self, algo: FedProto, model: SplitModel) -> Any:
         if algo.params.predict == "head" or self.payload is None or self.payload.protos.shape[1] == 0:

@@ -122,24 +122,27 @@ class SharedAndPersonal(AveragedWeights):
 
     @classmethod
     def evaluates_newcomers(cls, cfg: Any) -> bool:
-        """A newcomer starts from the shared parts (none shared: Local's, nothing to start from)."""
-        return cfg.eval.new_clients > 0 and bool(cls.shared_parts)
+        """A newcomer starts from the shared parts (none shared, Local's: from its own initial model)."""
+        return cfg.eval.new_clients > 0
 
 
 class SharedAndPersonalEvaluation(Evaluation):
     """The shared weights; a client's personal model is them with its own parts. A newcomer
     (``eval.new_clients``) takes the shared weights with the initial model's personal parts and
     trains its personal parts, pass by pass as the algorithm's local update does (only the passes'
-    personal parts, for ``eval.new_client_epochs`` each); it predicts as a personal model does."""
+    personal parts, for ``eval.new_client_epochs`` each); it predicts as a personal model does.
+    Where nothing is shared (Local) that is the newcomer's own initial model trained alone, as a
+    Local client's first round trains it."""
 
     def personal_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel:
         ctx.load(self.payload.merged(algo.own_parts(ctx)))
         return ctx.model
 
-    def newcomer_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel | None:
-        if not algo.shared_parts:  # nothing is shared: a newcomer has nothing to start from (Local)
-            return None
-        ctx.load(self.payload.merged(ctx.initial_weights.select(algo.personal_parts)))
+    def newcomer_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel:
+        if algo.shared_parts:
+            ctx.load(self.payload.merged(ctx.initial_weights.select(algo.personal_parts)))
+        else:  # nothing shared (Local): its own parts as they start (FedDr+'s ETF head, where the loss has one)
+            ctx.load(algo.own_parts(ctx))
         for step in algo.passes():
             parts = tuple(p for p in step.parts if p in algo.personal_parts)
             if parts:

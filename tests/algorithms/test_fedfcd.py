@@ -103,7 +103,8 @@ def test_the_global_head_changes_on_the_server_only(tmp_path):
     assert not head1.equals(head0)  # trained on the initial LFRs
     ex.train_round(1, list(range(6)))
     assert not ex.server.state.head.equals(head1)
-    assert ex.server.evaluation().payload.equals(ex.server.state.head)
+    shown = ex.server.evaluation().payload  # the head and the GFR a newcomer trains on
+    assert shown.head.equals(ex.server.state.head) and np.array_equal(shown.gfr, ex.server.state.gfr)
 
 
 def test_gfr_is_the_count_weighted_mean_of_lfrs():

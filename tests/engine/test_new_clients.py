@@ -93,8 +93,7 @@ def test_a_newcomer_is_the_global_model_fine_tuned_and_reported_apart(tmp_path):
 
 def test_a_shared_body_newcomer_trains_a_fresh_head_on_the_received_body(tmp_path):
     """FedPer (body shared, head personal): a newcomer takes the shared body with the initial
-    model's head and trains the head only; with 0 epochs it is that model untouched. Local shares
-    nothing, so its newcomers have no model (null), and the run says so in its columns."""
+    model's head and trains the head only; with 0 epochs it is that model untouched."""
     base = {"algo": "fedper", "rounds": 2, **NEW}
     cfg = tiny_config(tmp_path / "hand", **{**base, "eval.new_client_epochs": 0})
     ex = SerialExecutor(cfg, prepare(cfg))
@@ -124,8 +123,63 @@ def test_a_shared_body_newcomer_trains_a_fresh_head_on_the_received_body(tmp_pat
         np.testing.assert_array_equal(after.part(p), start.part(p))
     assert not np.array_equal(after.part("head"), start.part("head"))  # the head trained
 
-    local = run_experiment(tiny_config(tmp_path / "local", algo="local", rounds=1, **NEW))
-    assert local.rows[-1]["new_lm_ptest"] is None and local.rows[-1]["lm_ptest"] is not None
+
+def _by_hand(algo, ex, ctx, rnd):
+    """A newcomer's model and forward as its algorithm's paper trains a client that joins now,
+    written here from the algorithm's own parts: Local, its initial model trained alone;
+    FedProto, its initial model on cross-entropy plus lambda times the distance to the current
+    global prototypes, predicting by the nearest one; FedGH, its initial body under the global
+    head trained with cross-entropy, then that body with the global head."""
+    import torch
+
+    from raysim.toolkit.features import aligned_cross_entropy, representation
+
+    state, lr = ex.server.state, ex.runtime.algo.lr(rnd)
+    init = ctx.initial_weights
+    if algo == "local":
+        ctx.load(init)
+        ctx.train(GLOBAL_PARTS, lr, epochs=1, stream="newcomer")
+        return ctx.model, ctx.model
+    if algo == "fedgh":
+        ctx.load(init.select(BODY).merged(state.head))
+        ctx.train((*BODY, "head"), lr, epochs=1, stream="newcomer")
+        ctx.load(ctx.weights(BODY).merged(state.head))
+        return ctx.model, ctx.model
+    ctx.load(init.select((*BODY, "head")))
+    lam = ex.runtime.algo.params.lam
+    ctx.train((*BODY, "head"), lr, epochs=1, stream="newcomer", loss_fn=aligned_cross_entropy(lam, state.protos, state.mask, ctx.device))
+    protos, mask = torch.tensor(state.protos), torch.tensor(state.mask)
+    model = ctx.model
+    return model, lambda x: (-torch.cdist(representation(model, x), protos) ** 2).masked_fill(~mask, float("-inf"))
+
+
+@pytest.mark.parametrize("algo", ["local", "fedproto", "fedgh"])
+def test_a_newcomer_without_a_global_model_trains_its_own_as_a_joining_client(tmp_path, algo):
+    """Local (nothing shared), FedProto (the global prototypes) and FedGH (the global head): a
+    newcomer's model is its initial model trained for eval.new_client_epochs as the algorithm's
+    client trains when it joins, checked against that training written by hand; the clients'
+    models are untouched (the OWN_WAY test below)."""
+    cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW)
+    ex = SerialExecutor(cfg, prepare(cfg))
+    for rnd in (1, 2):
+        ex.train_round(rnd)
+    report = ex.evaluate(2)
+    import torch
+
+    for c in cfg.new_clients:
+        got = next(e for e in report.clients if e.client == c)
+        assert got.new and got.gm_correct is None and got.lm_correct is not None
+        model, forward = _by_hand(algo, ex, ClientContext(ex.runtime, c, 2, evaluating=True), 2)
+        idx = ex.data.client_test[c]
+        x, y = ex.runtime.gather(ex.data.ptest, idx)
+        model.eval()
+        with torch.no_grad():
+            want = int((forward(x).argmax(1) == y).sum())
+        assert got.lm_correct == want
+        if algo == "local":  # nothing shared: not the initial model, and not any client's
+            untrained = ClientContext(ex.runtime, c, 2, evaluating=True)
+            untrained.load(untrained.initial_weights)
+            assert _eval_accuracy(ex, c, untrained.model) != got.lm_correct / got.n_test
 
 
 @pytest.mark.ray
@@ -185,6 +239,10 @@ OWN_WAY = {
     "fedclust": {},
     "pfedhn": {"algo.inner_steps": 2},
     "fedpac": {},
+    "local": {},
+    "fedproto": {},
+    "fedgh": {},
+    "fedfcd": {},
 }
 
 
@@ -194,11 +252,13 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
     FedFomo (the M models it would download, weighed on its validation part), APFL (v and alpha
     on the mixed loss), LG-FedAvg (a body of its own under the shared head), PACFL and FedClust
     (the nearest cluster, by its answer to the request of before round 1), pFedHN (its embedding
-    learned with the hypernetwork frozen), FedPAC (a head on the shared body): each newcomer gets a
-    model, and evaluating it changes nothing any client keeps."""
+    learned with the hypernetwork frozen), FedPAC (a head on the shared body), Local (its own
+    model alone), FedProto (on the global prototypes), FedGH (its body under the global head),
+    FedFCD (Algorithm 1's client epochs on the global head and GFR): each newcomer gets a model,
+    and evaluating it changes nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
     ex = SerialExecutor(cfg, prepare(cfg))
-    if algo in ("pacfl", "fedclust"):  # their clustering before round 1, as the run's prologue
+    if algo in ("pacfl", "fedclust", "fedfcd"):  # their round before round 1, as the run's prologue
         ex.train_round(0, list(cfg.training_clients))
     for rnd in (1, 2):
         ex.train_round(rnd)
@@ -216,7 +276,7 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
 
 @pytest.mark.ray
 def test_serial_equals_ray_for_newcomers_of_their_own(tmp_path, ray_local):
-    for algo in ("fedfomo", "fedala", "fedclust"):
+    for algo in ("fedfomo", "fedala", "fedclust", "fedfcd"):
         setup = {"algo": algo, "rounds": 2, **NEW, **OWN_WAY[algo]}
         serial = run_experiment(tiny_config(tmp_path / f"s{algo}", **setup))
         ray_run = run_experiment(
@@ -246,3 +306,36 @@ def test_every_algorithm_runs_with_clients_held_out(case, tmp_path):
     assert {r["client"] for r in rows if r["new"]} == set(cfg.new_clients)
     evaluates = ALGORITHMS.get(cfg.algo).evaluates_newcomers(cfg)
     assert (run.final["new_lm_ptest"] is not None) == evaluates
+
+
+def test_a_fedfcd_newcomer_trains_its_own_parts_under_the_global_head(tmp_path):
+    """FedFCD: a newcomer starts from its initial extractor and personal head under the current
+    global head (0 epochs: exactly that, predicting by the fused decision), and Algorithm 1's
+    client epochs train its extractor and personal head, never the global head."""
+    import torch
+
+    from raysim.models import get_weights
+
+    for epochs in (0, 1):
+        cfg = tiny_config(tmp_path / str(epochs), algo="fedfcd", rounds=2, **{**NEW, "eval.new_client_epochs": epochs})
+        ex = SerialExecutor(cfg, prepare(cfg))
+        ex.train_round(0, list(cfg.training_clients))
+        for rnd in (1, 2):
+            ex.train_round(rnd)
+        report = ex.evaluate(2)
+        head = ex.server.state.head
+        for c in cfg.new_clients:
+            ctx = ClientContext(ex.runtime, c, 2, evaluating=True)
+            start = ctx.initial_weights.select((*BODY, "phead")).merged(head)
+            model = ex.server.evaluation().newcomer_model(ex.runtime.algo, ctx)
+            after = get_weights(model, (*BODY, "phead", "head"))
+            np.testing.assert_array_equal(after.part("head"), head.part("head"))
+            moved = [not np.array_equal(after.part(p), start.part(p)) for p in ("extractor", "phead")]
+            assert moved == [epochs > 0, epochs > 0]
+            if epochs == 0:
+                ctx.load(start)
+                x, y = ex.runtime.gather(ex.data.ptest, ex.data.client_test[c])
+                ctx.model.eval()
+                with torch.no_grad():
+                    want = int((ex.runtime.algo.decision(ctx.model)(x).argmax(1) == y).sum())
+                assert next(e for e in report.clients if e.client == c).lm_correct == want
