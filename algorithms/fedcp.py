@@ -31,6 +31,11 @@ beside the weights as one flat array (as GPFL's modules are, ``algorithms/gpfl.p
 - LM of client i = the output above with its own personal head and v_i, the current shared parts,
   and the noise-free policy (below). FedCP defines no global model (``gm_*`` null): the global head
   reads the CPN's share of the features, never the whole feature vector.
+- A newcomer (``eval.new_clients``) takes the shared parts and the CPN as the federation shares
+  them with the initial personal head (v_i read from it), and trains its personal head on the
+  output's cross-entropy with the training policy (Gumbel noise from its own stream) for
+  ``eval.new_client_epochs`` epochs; the MMD term reads only the shared body, which stays as
+  received, as a shared-and-personal algorithm's newcomer trains only its personal parts.
 
 Where the paper is silent this follows the authors' code, read in TsingZ0/PFLlib
 ``system/flcore/clients/clientcp.py`` and ``system/flcore/servers/servercp.py`` (commit d832e76)
@@ -263,6 +268,11 @@ class FedCP(Algorithm[FedCPState]):
     def evaluation(self, state: FedCPState) -> Evaluation:
         return FedCPEvaluation(state)
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains a personal head under the shared parts (:meth:`FedCPEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
+
     # ---------------------------------------------------------------------------------- client
     def worker_cpn(self, ctx: ClientContext, flat: np.ndarray) -> Any:
         """This worker's CPN (built once), loaded with ``flat``."""
@@ -322,6 +332,35 @@ class FedCPEvaluation(Evaluation):
         algo.worker_cpn(ctx, self.payload.cpn)
         algo._v = conditional_input(ctx.model.phead.weight)
         return ctx.model
+
+    def newcomer_model(self, algo: FedCP, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: the shared parts and this worker's CPN as shared, the
+        initial personal head and its v_i; the personal head trained on the output's
+        cross-entropy under the training policy, its Gumbel noise from (seed, "fedcp/gumbel/newcomer",
+        round, client), for ``eval.new_client_epochs`` (:func:`adapt_newcomer`)."""
+        import torch
+        import torch.nn.functional as F
+
+        from raysim.engine.evaluation import adapt_newcomer
+
+        ctx.load(self.payload.weights.merged(ctx.initial_weights.select(PERSONAL)))
+        cpn = algo.worker_cpn(ctx, self.payload.cpn)
+        cpn.eval()
+        v = algo._v = conditional_input(ctx.model.phead.weight)
+        tau = algo.params.tau
+        noise = torch.Generator().manual_seed(rng.int_seed(algo.cfg.seed, "fedcp/gumbel/newcomer", ctx.rnd, ctx.cid))
+
+        def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():  # the shared body and the CPN as received: only the personal head trains
+                h = model.filter(model.extractor(x))
+                r, s = policy(cpn, h, v, tau, noise)
+                shared = model.head(h * s)
+            return F.cross_entropy(model.phead(h * r) + shared, y)
+
+        return adapt_newcomer(algo, ctx, PERSONAL, loss)
+
+    def newcomer_forward(self, algo: FedCP, model: SplitModel) -> Any:
+        return self.forward(algo, model)
 
     def forward(self, algo: FedCP, model: SplitModel) -> Any:
         cpn, v, tau = algo._cpn, algo._v, algo.params.tau

@@ -26,6 +26,10 @@ the whole network. FedFCD's Table 1 rows ended at 88.23 (Pat) and 86.14 (Dir(0.1
 94.71 and 92.80 without it: docs/results/gpfl_fix.)
 
 LM (personalised model) = head(CoV(phi(x), p_i)). GPFL defines no global model (``gm_*`` null).
+A newcomer (``eval.new_clients``) takes phi, GCE and CoV as the federation shares them with the
+initial head, and trains its head (the only personal part) on head(CoV(phi(x), p_i)) with
+cross-entropy, for ``eval.new_client_epochs`` epochs (the guidance and the regulariser read only
+the shared parts, which stay as received, as a shared-and-personal algorithm's newcomer does).
 
 Where the paper is silent we follow the authors' ``clientgpfl``/``servergpfl`` (TsingZ0/PFLlib): the
 magnitude-level term's norm, weight decay as the regulariser, and lambda = 0.01, mu = 0.1 (its
@@ -162,6 +166,11 @@ class GPFL(Algorithm[GPFLState]):
     def evaluation(self, state: GPFLState) -> Evaluation:
         return GPFLEvaluation(state)
 
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains a head under the shared parts (:meth:`GPFLEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
+
     # ---------------------------------------------------------------------------------- client
     def worker_modules(self, ctx: ClientContext, flat: np.ndarray) -> Any:
         """This worker's GCE and CoV (built once), loaded with ``flat``."""
@@ -220,6 +229,33 @@ class GPFLEvaluation(Evaluation):
         with torch.no_grad():
             _, algo._p = conditional_inputs(mods.embedding.weight, algo._label_counts(ctx))
         return ctx.model
+
+    def newcomer_model(self, algo: GPFL, ctx: ClientContext) -> SplitModel:
+        """A client held out of training: phi and this worker's GCE/CoV as shared, the initial head,
+        its p_i from its label distribution; the head trained with cross-entropy on
+        head(CoV(phi(x), p_i)) for ``eval.new_client_epochs`` (:func:`adapt_newcomer`). Its
+        :meth:`forward` then predicts with that p_i."""
+        import torch
+        import torch.nn.functional as F
+
+        from raysim.engine.evaluation import adapt_newcomer
+
+        ctx.load(self.payload.weights.merged(ctx.initial_weights.select(PERSONAL)))
+        mods = algo.worker_modules(ctx, self.payload.modules)
+        mods.eval()
+        with torch.no_grad():
+            _, p = conditional_inputs(mods.embedding.weight, algo._label_counts(ctx))
+        algo._p = p
+
+        def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():  # the shared parts as received: only the head trains
+                z = mods.valve(model.filter(model.extractor(x)), p)
+            return F.cross_entropy(model.head(z), y)
+
+        return adapt_newcomer(algo, ctx, PERSONAL, loss)
+
+    def newcomer_forward(self, algo: GPFL, model: SplitModel) -> Any:
+        return self.forward(algo, model)
 
     def forward(self, algo: GPFL, model: SplitModel) -> Any:
         mods, p = algo._built, algo._p

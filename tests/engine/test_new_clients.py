@@ -243,6 +243,8 @@ OWN_WAY = {
     "fedproto": {},
     "fedgh": {},
     "fedfcd": {},
+    "gpfl": {},
+    "fedcp": {},
 }
 
 
@@ -254,8 +256,9 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
     (the nearest cluster, by its answer to the request of before round 1), pFedHN (its embedding
     learned with the hypernetwork frozen), FedPAC (a head on the shared body), Local (its own
     model alone), FedProto (on the global prototypes), FedGH (its body under the global head),
-    FedFCD (Algorithm 1's client epochs on the global head and GFR): each newcomer gets a model,
-    and evaluating it changes nothing any client keeps."""
+    FedFCD (Algorithm 1's client epochs on the global head and GFR), GPFL and FedCP (a personal
+    head under the shared parts and modules): each newcomer gets a model, and evaluating it changes
+    nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
     ex = SerialExecutor(cfg, prepare(cfg))
     if algo in ("pacfl", "fedclust", "fedfcd"):  # their round before round 1, as the run's prologue
@@ -276,7 +279,7 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
 
 @pytest.mark.ray
 def test_serial_equals_ray_for_newcomers_of_their_own(tmp_path, ray_local):
-    for algo in ("fedfomo", "fedala", "fedclust", "fedfcd"):
+    for algo in ("fedfomo", "fedala", "fedclust", "fedfcd", "fedcp"):
         setup = {"algo": algo, "rounds": 2, **NEW, **OWN_WAY[algo]}
         serial = run_experiment(tiny_config(tmp_path / f"s{algo}", **setup))
         ray_run = run_experiment(
@@ -339,3 +342,35 @@ def test_a_fedfcd_newcomer_trains_its_own_parts_under_the_global_head(tmp_path):
                 with torch.no_grad():
                     want = int((ex.runtime.algo.decision(ctx.model)(x).argmax(1) == y).sum())
                 assert next(e for e in report.clients if e.client == c).lm_correct == want
+
+
+@pytest.mark.parametrize(("algo", "personal", "shared"), [("gpfl", "head", BODY), ("fedcp", "phead", (*BODY, "head"))])
+def test_a_newcomer_with_shared_modules_trains_only_its_personal_head(tmp_path, algo, personal, shared):
+    """GPFL and FedCP: a newcomer takes the shared parts (and the modules beside them) with the
+    initial personal head and trains the personal head alone; at 0 epochs its model is exactly
+    that start, predicting as a client's personalised model does."""
+    import torch
+
+    from raysim.models import get_weights
+
+    for epochs in (0, 1):
+        cfg = tiny_config(tmp_path / str(epochs), algo=algo, rounds=2, **{**NEW, "eval.new_client_epochs": epochs})
+        ex = SerialExecutor(cfg, prepare(cfg))
+        for rnd in (1, 2):
+            ex.train_round(rnd)
+        report = ex.evaluate(2)
+        evaluation = ex.server.evaluation()
+        algo_obj = ex.runtime.algo
+        for c in cfg.new_clients:
+            ctx = ClientContext(ex.runtime, c, 2, evaluating=True)
+            start = ex.server.state.weights.merged(ctx.initial_weights.select((personal,)))
+            model = evaluation.newcomer_model(algo_obj, ctx)
+            after = get_weights(model, (*shared, personal))
+            for p in shared:
+                np.testing.assert_array_equal(after.part(p), start.part(p))
+            assert (not np.array_equal(after.part(personal), start.part(personal))) == (epochs > 0)
+            x, y = ex.runtime.gather(ex.data.ptest, ex.data.client_test[c])
+            model.eval()
+            with torch.no_grad():
+                want = int((evaluation.newcomer_forward(algo_obj, model)(x).argmax(1) == y).sum())
+            assert next(e for e in report.clients if e.client == c).lm_correct == want
