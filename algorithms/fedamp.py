@@ -12,6 +12,10 @@ Algorithm 1), a baseline of FedFCD's Table 1: attentive message passing between 
 - Client i trains w_i for E epochs on CE + lambda / (2 alpha_k) ||w_i - u_i||^2 (Eq. 8) and uploads it.
 - A client not yet sampled has the initial model. LM = w_i; no global model (``gm_*`` null). As
   PFLlib's ``serveramp`` does, with the paper's squared norm.
+- A newcomer (``eval.new_clients``) is a client that has uploaded no model: its attention row is
+  empty and its cloud model its own initial model (as :meth:`FedAMP.plan` gives a client's first
+  round), so it trains the initial model on Eq. 8 with u_i = w_i = that model, for
+  ``eval.new_client_epochs`` epochs: nothing reaches it from the federation before it uploads.
 - TensorBoard: the round's attention matrix (a row per sampled client) as a heat map.
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -112,22 +116,32 @@ class FedAMP(Algorithm[AMPState]):
         return {"attention": heat_map(state.attention)} if state.attention.size else {}
 
     def local_update(self, ctx: ClientContext, payload: AMPPayload) -> ClientResult:
+        ctx.load(payload.cloud)
+        loss = self.objective(ctx)
+        ctx.load(ctx.kept(GLOBAL_PARTS))  # w_i goes on from itself
+        stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=loss)
+        ctx.keep(ctx.weights(GLOBAL_PARTS))
+        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+
+    def objective(self, ctx: ClientContext) -> Any:
+        """Eq. 8's loss, CE + lambda / (2 alpha_k) ||w - u_i||^2, u_i the model loaded now."""
         from raysim.toolkit.train import cross_entropy, proximal_anchor, proximal_term
 
-        ctx.load(payload.cloud)
         anchor = proximal_anchor(ctx.model, GLOBAL_PARTS)  # u_i
-        ctx.load(ctx.kept(GLOBAL_PARTS))  # w_i goes on from itself
         coef = self.params.lam / (2 * self.params.alpha_k)
 
         def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return cross_entropy(model, x, y) + coef * proximal_term(model, anchor, GLOBAL_PARTS)
 
-        stats = ctx.train(GLOBAL_PARTS, payload.lr, loss_fn=loss)
-        ctx.keep(ctx.weights(GLOBAL_PARTS))
-        return ctx.result(stats, weights=ctx.weights(GLOBAL_PARTS))
+        return loss
 
     def evaluation(self, state: AMPState) -> Evaluation:
         return AMPEvaluation()
+
+    @classmethod
+    def evaluates_newcomers(cls, cfg: Any) -> bool:
+        """A newcomer trains its initial model on Eq. 8 alone (:meth:`AMPEvaluation.newcomer_model`)."""
+        return cfg.eval.new_clients > 0
 
 
 class AMPEvaluation(Evaluation):
@@ -136,6 +150,14 @@ class AMPEvaluation(Evaluation):
     def personal_model(self, algo: FedAMP, ctx: ClientContext) -> SplitModel:
         ctx.load(ctx.kept(GLOBAL_PARTS))
         return ctx.model
+
+    def newcomer_model(self, algo: FedAMP, ctx: ClientContext) -> SplitModel:
+        """A client held out of training, which has uploaded no model: u_i and w_i its initial model
+        (no attention reaches a client without one), w_i trained on Eq. 8 for ``eval.new_client_epochs``."""
+        from raysim.engine.evaluation import adapt_newcomer
+
+        ctx.load(ctx.kept(GLOBAL_PARTS))  # never trained: the initial model, its u_i too
+        return adapt_newcomer(algo, ctx, GLOBAL_PARTS, algo.objective(ctx))
 
 
 __all__ = ["FedAMP", "FedAMPConfig", "attention"]

@@ -129,7 +129,8 @@ def _by_hand(algo, ex, ctx, rnd):
     written here from the algorithm's own parts: Local, its initial model trained alone;
     FedProto, its initial model on cross-entropy plus lambda times the distance to the current
     global prototypes, predicting by the nearest one; FedGH, its initial body under the global
-    head trained with cross-entropy, then that body with the global head."""
+    head trained with cross-entropy, then that body with the global head; FedAMP, its initial
+    model on Eq. 8 with the initial model as u_i (a client without a model gets no attention)."""
     import torch
 
     from raysim.toolkit.features import aligned_cross_entropy, representation
@@ -139,6 +140,21 @@ def _by_hand(algo, ex, ctx, rnd):
     if algo == "local":
         ctx.load(init)
         ctx.train(GLOBAL_PARTS, lr, epochs=1, stream="newcomer")
+        return ctx.model, ctx.model
+    if algo == "fedamp":  # no model uploaded, no attention: u_i = w_i = the initial model
+        from raysim.toolkit.train import cross_entropy, proximal_term
+
+        ctx.load(init)
+        from raysim.models import parameters_of
+
+        anchor = [w.detach().clone() for w in parameters_of(ctx.model, GLOBAL_PARTS)]
+        p = ex.runtime.algo.params
+        coef = p.lam / (2 * p.alpha_k)
+
+        def eq8(model, x, y):
+            return cross_entropy(model, x, y) + coef * proximal_term(model, anchor, GLOBAL_PARTS)
+
+        ctx.train(GLOBAL_PARTS, lr, epochs=1, stream="newcomer", loss_fn=eq8)
         return ctx.model, ctx.model
     if algo == "fedgh":
         ctx.load(init.select(BODY).merged(state.head))
@@ -153,10 +169,10 @@ def _by_hand(algo, ex, ctx, rnd):
     return model, lambda x: (-torch.cdist(representation(model, x), protos) ** 2).masked_fill(~mask, float("-inf"))
 
 
-@pytest.mark.parametrize("algo", ["local", "fedproto", "fedgh"])
+@pytest.mark.parametrize("algo", ["local", "fedproto", "fedgh", "fedamp"])
 def test_a_newcomer_without_a_global_model_trains_its_own_as_a_joining_client(tmp_path, algo):
-    """Local (nothing shared), FedProto (the global prototypes) and FedGH (the global head): a
-    newcomer's model is its initial model trained for eval.new_client_epochs as the algorithm's
+    """Local (nothing shared), FedProto (the global prototypes), FedGH (the global head) and FedAMP
+    (no model uploaded, so no attention): a newcomer's model is its initial model trained for eval.new_client_epochs as the algorithm's
     client trains when it joins, checked against that training written by hand; the clients'
     models are untouched (the OWN_WAY test below)."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW)
@@ -245,6 +261,7 @@ OWN_WAY = {
     "fedfcd": {},
     "gpfl": {},
     "fedcp": {},
+    "fedamp": {},
 }
 
 
