@@ -230,7 +230,7 @@ class FedFCD(Algorithm[FCDState]):
     def client_steps(self, ctx: ClientContext, payload: FCDPayload, epochs: int, stream: str = "local") -> list[Any]:
         """Algorithm 1's client epochs on the loaded model (theta_i, phi_i and phi_g), ``epochs`` of
         them on ``stream``: each the theta step then the phi step (both at once without
-        ``alternate``). Returns the TrainStats of each epoch's last step."""
+        ``alternate``). Returns each epoch's TrainStats: its phi step's (its one pass without ``alternate``)."""
         import torch
 
         from raysim.toolkit.features import aligned_cross_entropy, fused_logits

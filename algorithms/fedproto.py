@@ -93,7 +93,6 @@ class FedProto(Algorithm[ProtoState]):
         return aligned_cross_entropy(self.params.lam, payload.protos, payload.mask, ctx.device)
 
     def local_update(self, ctx: ClientContext, payload: ProtoPayload) -> ClientResult:
-
         ctx.load(ctx.kept(OWN_PARTS))
         stats = ctx.train(OWN_PARTS, payload.lr, loss_fn=self.prototype_loss(ctx, payload))
         ctx.keep(ctx.weights(OWN_PARTS))

@@ -124,12 +124,12 @@ def regime_sections(
     ]
     configs = _with_worst(summary, rows, [*regimes.metrics, regimes.sort])
     for suffix, title in regimes.suffixes:
-        rows_ = []
+        members = []
         for c in configs:
             placed = regimes.place(str(c["config"]))
             if placed is not None and placed[1] == suffix:
-                rows_.append((placed[0], c))
-        if not rows_:
+                members.append((placed[0], c))
+        if not members:
             continue
 
         def key(row: tuple[str, Mapping[str, Any]]) -> tuple[int, float]:
@@ -140,7 +140,7 @@ def regime_sections(
             first = next((c["mean"][m] for m in regimes.metrics if c["mean"].get(m) is not None), None)
             return (1, -float(first) if first is not None else 0.0)
 
-        rows_.sort(key=key)
+        members.sort(key=key)
         parts += [
             f"### {title}",
             "",
@@ -148,7 +148,7 @@ def regime_sections(
             "|---|" + "---|" * len(regimes.metrics),
         ]
         near = []
-        for name, c in rows_:
+        for name, c in members:
             values = [c["mean"].get(m) for m in regimes.metrics]
             cells = [
                 MISSING if v is None else f"{100 * float(v):.2f} ± {100 * float(c['std'].get(m) or 0.0):.2f}"
