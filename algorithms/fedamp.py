@@ -156,7 +156,7 @@ class AMPEvaluation(Evaluation):
         (no attention reaches a client without one), w_i trained on Eq. 8 for ``eval.new_client_epochs``."""
         from raysim.engine.evaluation import adapt_newcomer
 
-        ctx.load(ctx.kept(GLOBAL_PARTS))  # never trained: the initial model, its u_i too
+        self.personal_model(algo, ctx)  # never trained: the initial model, its u_i too
         return adapt_newcomer(algo, ctx, GLOBAL_PARTS, algo.objective(ctx))
 
 

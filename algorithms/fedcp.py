@@ -343,11 +343,8 @@ class FedCPEvaluation(Evaluation):
 
         from raysim.engine.evaluation import adapt_newcomer
 
-        ctx.load(self.payload.weights.merged(ctx.initial_weights.select(PERSONAL)))
-        cpn = algo.worker_cpn(ctx, self.payload.cpn)
-        cpn.eval()
-        v = algo._v = conditional_input(ctx.model.phead.weight)
-        tau = algo.params.tau
+        self.personal_model(algo, ctx)  # never trained: the shared parts, the CPN and v_i of the initial phead
+        cpn, v, tau = algo._cpn, algo._v, algo.params.tau
         noise = torch.Generator().manual_seed(rng.int_seed(algo.cfg.seed, "fedcp/gumbel/newcomer", ctx.rnd, ctx.cid))
 
         def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

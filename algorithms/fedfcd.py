@@ -288,8 +288,7 @@ class FCDEvaluation(Evaluation):
 
         from raysim.engine.evaluation import newcomer_epochs
 
-        assert self.payload.head is not None
-        ctx.load(ctx.kept(OWN_PARTS).merged(self.payload.head))  # never trained: the initial parts
+        self.personal_model(algo, ctx)  # never trained: the initial parts under the current phi_g
         payload = dataclasses.replace(self.payload, lr=algo.lr(ctx.rnd))
         algo.client_steps(ctx, payload, newcomer_epochs(algo.cfg), stream="newcomer")
         return ctx.model

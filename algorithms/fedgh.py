@@ -107,7 +107,7 @@ class GHEvaluation(Evaluation):
         as a client's model is, that body with the global head."""
         from raysim.engine.evaluation import adapt_newcomer
 
-        ctx.load(ctx.kept(BODY).merged(self.payload))  # a client that never trained: the initial body
+        self.personal_model(algo, ctx)  # a client that never trained: the initial body
         adapt_newcomer(algo, ctx, (*BODY, "head"))
         ctx.load(ctx.weights(BODY).merged(self.payload))
         return ctx.model

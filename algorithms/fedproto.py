@@ -115,7 +115,7 @@ class ProtoEvaluation(Evaluation):
         from raysim.engine.evaluation import adapt_newcomer
 
         assert self.payload is not None
-        ctx.load(ctx.kept(OWN_PARTS))  # a client that never trained keeps nothing: the initial model
+        self.personal_model(algo, ctx)  # a client that never trained keeps nothing: the initial model
         return adapt_newcomer(algo, ctx, OWN_PARTS, algo.prototype_loss(ctx, self.payload))
 
     def newcomer_forward(self, algo: FedProto, model: SplitModel) -> Any:

@@ -240,12 +240,8 @@ class GPFLEvaluation(Evaluation):
 
         from raysim.engine.evaluation import adapt_newcomer
 
-        ctx.load(self.payload.weights.merged(ctx.initial_weights.select(PERSONAL)))
-        mods = algo.worker_modules(ctx, self.payload.modules)
-        mods.eval()
-        with torch.no_grad():
-            _, p = conditional_inputs(mods.embedding.weight, algo._label_counts(ctx))
-        algo._p = p
+        self.personal_model(algo, ctx)  # never trained: phi, GCE/CoV and p_i with the initial head
+        mods, p = algo._built, algo._p
 
         def loss(model: SplitModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():  # the shared parts as received: only the head trains

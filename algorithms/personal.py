@@ -139,10 +139,9 @@ class SharedAndPersonalEvaluation(Evaluation):
         return ctx.model
 
     def newcomer_model(self, algo: SharedAndPersonal, ctx: ClientContext) -> SplitModel:
-        if algo.shared_parts:
-            ctx.load(self.payload.merged(ctx.initial_weights.select(algo.personal_parts)))
-        else:  # nothing shared (Local): its own parts as they start (FedDr+'s ETF head, where the loss has one)
-            ctx.load(algo.own_parts(ctx))
+        # a client that never trained keeps nothing: its own parts are the initial model's (with
+        # FedDr+'s ETF head where Local's loss has one), so its personal model is the start
+        self.personal_model(algo, ctx)
         for step in algo.passes():
             parts = tuple(p for p in step.parts if p in algo.personal_parts)
             if parts:

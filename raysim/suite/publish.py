@@ -276,7 +276,7 @@ def publish(
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "summary.json", out / "summary.json")
     rows = pq.read_table(src / "metrics.parquet").to_pylist()
-    against_pngs: list[Path] = []
+    extra_pngs: list[Path] = []  # an against or sweep section's figures
     from raysim.suite.layout import suite_layout
     from raysim.suite.spec import yaml_safe_load
 
@@ -341,14 +341,14 @@ def publish(
         from raysim.suite.against import against_sections, parse_against
 
         against = parse_against(spec["against"], [c["config"] for c in summary["configs"]], str(src / "suite.yaml"))
-        section, against_pngs = against_sections(against, summary, src, out)
+        section, extra_pngs = against_sections(against, summary, src, out)
         parts += section
     else:  # configurations that sweep a setting, named KEY=VALUE (raysim.suite.sweeps)
         from raysim.suite.sweeps import sweep_plan, sweep_sections
 
         plan = sweep_plan(summary, src, spec)
         if plan is not None:
-            section, against_pngs = sweep_sections(plan, summary, out)
+            section, extra_pngs = sweep_sections(plan, summary, out)
             parts += section
     parts += _paper_sections(spec, src, summary, rows)
     class_table = class_accuracy_table(rows, summary)
@@ -373,7 +373,7 @@ def publish(
 
         copy_record(src, record)
     index = write_index(out.parent)
-    return [page, out / "summary.json", *pngs, *against_pngs, record, *([index] if index else [])]
+    return [page, out / "summary.json", *pngs, *extra_pngs, record, *([index] if index else [])]
 
 
 #: the first line of the index write_index keeps beside the pages

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raysim.suite.against import value_label
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -50,13 +52,16 @@ MIN_VALUES = 3
 
 @dataclass(frozen=True)
 class SweepLine:
-    """One series on one axis in one panel: ``points`` (value, configuration), ascending."""
+    """One series on one axis in one panel: ``points`` (value, configuration), ascending;
+    ``default``: the configuration among them named without the axis (drawn at the value its
+    trials ran with), or None."""
 
     axis: str
     panel: str
     series: str
     algo: str | None
     points: tuple[tuple[float, str], ...]
+    default: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,8 @@ def sweep_plan(summary: Mapping[str, Any], suite_dir: str | Path, spec: Mapping[
         axes.remove(min(both, key=lambda a: (len(values[a]), axes.index(a))))
     if not axes:
         return None
+    kinds = {a: next(v for v in values[a].values() if v is not None)[0] for a in axes}
+    first_seed = {str(c["config"]): min(c["seeds"]) for c in summary["configs"] if c["seeds"]}
     panels: list[str] = []
     found: dict[tuple[str, str, str], dict[float, str]] = {}  # (axis, panel, series) -> value -> config
     axis_of: dict[str, str | None] = {}
@@ -177,6 +184,7 @@ def sweep_plan(summary: Mapping[str, Any], suite_dir: str | Path, spec: Mapping[
         axis_of[c] = axis
         if axis is not None:
             found.setdefault((axis, panel, series), {})[_x(values[axis][parts[axis]])] = c
+    defaults: dict[tuple[str, str, str], str] = {}  # (axis, panel, series) -> its default point
     for c in configs:  # the default points: a series and panel that an axis sweeps, named without it
         if axis_of[c] is not None:
             continue
@@ -187,21 +195,17 @@ def sweep_plan(summary: Mapping[str, Any], suite_dir: str | Path, spec: Mapping[
             if line is None:
                 continue
             setting = _axis_setting(axis, [settings[x] for x in line.values()])
-            seeds = next((sorted(s["seeds"]) for s in summary["configs"] if s["config"] == c), [])
-            got = numeric(_setting_value(src / "runs" / f"{c}-seed{seeds[0]}", setting)) if setting and seeds else None
-            kind = next(v for v in values[axis].values() if v is not None)[0]
-            if got is not None and got[0] == kind and got[1] not in line:
+            got = numeric(_setting_value(src / "runs" / f"{c}-seed{first_seed[c]}", setting)) if setting and c in first_seed else None
+            if got is not None and got[0] == kinds[axis] and got[1] not in line:
                 line[got[1]] = c
+                defaults[axis, panel, series] = c
     order = list(dict.fromkeys(panels))
     lines = [
-        SweepLine(axis, panel, series, algos.get(next(iter(points.values()))), tuple(sorted(points.items())))
+        SweepLine(axis, panel, series, algos.get(next(iter(points.values()))), tuple(sorted(points.items())), defaults.get((axis, panel, series)))
         for (axis, panel, series), points in found.items()
     ]
     lines.sort(key=lambda ln: (axes.index(ln.axis), order.index(ln.panel)))
-    labels = []
-    for a in axes:
-        kind = next(v for v in values[a].values() if v is not None)[0]
-        labels.append((a, f"{a} ({kind}:N)" if kind else a))
+    labels = [(a, f"{a} ({kinds[a]}:N)" if kinds[a] else a) for a in axes]
     return SweepPlan(tuple(labels), tuple(p for p in order if any(ln.panel == p for ln in lines)), tuple(lines))
 
 
@@ -222,10 +226,6 @@ def _axis_setting(axis: str, names: Sequence[Sequence[str]]) -> str | None:
             if s.rsplit(".", 1)[-1] == axis:
                 return s
     return None
-
-
-def value_text(x: float) -> str:
-    return f"{x:g}"
 
 
 def sweep_figure(plan: SweepPlan, summary: Mapping[str, Any], metric: str, path: Path) -> bool:
@@ -280,7 +280,7 @@ def figure(plan: SweepPlan, summary: Mapping[str, Any], metric: str) -> Figure |
                     yerr=[100 * float(s or 0.0) for _, (_, s) in pts],
                     color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=3.5, capsize=3,
                 )  # fmt: skip
-            ax.set_xticks(range(len(xs)), [value_text(x) for x in xs])
+            ax.set_xticks(range(len(xs)), [value_label(x) for x in xs])
             ax.set_xlim(-0.4, len(xs) - 0.6)
             ax.grid(True, alpha=0.4)
             if panel:
@@ -311,9 +311,9 @@ def sweep_sections(plan: SweepPlan, summary: Mapping[str, Any], out: Path) -> tu
     at: dict[tuple[str, float], list[str]] = {}  # (axis, value) -> the series drawn there unswept
     for ln in plan.lines:
         for x, c in ln.points:
-            if ln.axis + "=" not in c and ln.series not in at.setdefault((ln.axis, x), []):
+            if c == ln.default and ln.series not in at.setdefault((ln.axis, x), []):
                 at[ln.axis, x].append(ln.series)
-    defaults = [f"{axis} {value_text(x)} ({', '.join(f'`{s}`' for s in names)})" for (axis, x), names in at.items()]
+    defaults = [f"{axis} {value_label(x)} ({', '.join(f'`{s}`' for s in names)})" for (axis, x), names in at.items()]
     parts = [
         "## Against the swept settings",
         "",

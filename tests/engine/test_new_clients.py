@@ -46,14 +46,30 @@ def test_held_out_clients_never_train(tmp_path):
     assert all(ex.runtime.kept(c).part_names for c in cfg.training_clients)
 
 
-def _eval_accuracy(ex, cid, model):
-    idx = ex.data.client_test[cid]
-    x, y = ex.runtime.gather(ex.data.ptest, idx)
+def _correct(ex, cid, model, forward=None):
+    """How many of client ``cid``'s P-Test samples ``model`` (in eval mode) classifies right,
+    predicting with ``forward`` (default the model itself)."""
+    x, y = ex.runtime.gather(ex.data.ptest, ex.data.client_test[cid])
     model.eval()
     import torch
 
     with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+        return int(((forward or model)(x).argmax(1) == y).sum())
+
+
+def _eval_accuracy(ex, cid, model):
+    return _correct(ex, cid, model) / len(ex.data.client_test[cid])
+
+
+def _trained(cfg, prologue=False):
+    """A serial executor of ``cfg`` after rounds 1 and 2, and before them the round 0 over the
+    training clients where the algorithm has one (its prologue)."""
+    ex = SerialExecutor(cfg, prepare(cfg))
+    if prologue:
+        ex.train_round(0, list(cfg.training_clients))
+    for rnd in (1, 2):
+        ex.train_round(rnd)
+    return ex
 
 
 def test_a_newcomer_is_the_global_model_fine_tuned_and_reported_apart(tmp_path):
@@ -96,9 +112,7 @@ def test_a_shared_body_newcomer_trains_a_fresh_head_on_the_received_body(tmp_pat
     model's head and trains the head only; with 0 epochs it is that model untouched."""
     base = {"algo": "fedper", "rounds": 2, **NEW}
     cfg = tiny_config(tmp_path / "hand", **{**base, "eval.new_client_epochs": 0})
-    ex = SerialExecutor(cfg, prepare(cfg))
-    for rnd in (1, 2):
-        ex.train_round(rnd)
+    ex = _trained(cfg)
     report = ex.evaluate(2)
     body = ex.server.state.weights
     for c in cfg.new_clients:
@@ -176,22 +190,13 @@ def test_a_newcomer_without_a_global_model_trains_its_own_as_a_joining_client(tm
     client trains when it joins, checked against that training written by hand; the clients'
     models are untouched (the OWN_WAY test below)."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW)
-    ex = SerialExecutor(cfg, prepare(cfg))
-    for rnd in (1, 2):
-        ex.train_round(rnd)
+    ex = _trained(cfg)
     report = ex.evaluate(2)
-    import torch
-
     for c in cfg.new_clients:
         got = next(e for e in report.clients if e.client == c)
         assert got.new and got.gm_correct is None and got.lm_correct is not None
         model, forward = _by_hand(algo, ex, ClientContext(ex.runtime, c, 2, evaluating=True), 2)
-        idx = ex.data.client_test[c]
-        x, y = ex.runtime.gather(ex.data.ptest, idx)
-        model.eval()
-        with torch.no_grad():
-            want = int((forward(x).argmax(1) == y).sum())
-        assert got.lm_correct == want
+        assert got.lm_correct == _correct(ex, c, model, forward)
         if algo == "local":  # nothing shared: not the initial model, and not any client's
             untrained = ClientContext(ex.runtime, c, 2, evaluating=True)
             untrained.load(untrained.initial_weights)
@@ -277,11 +282,7 @@ def test_an_algorithm_with_a_newcomer_of_its_own_reports_it_and_leaves_the_clien
     head under the shared parts and modules): each newcomer gets a model, and evaluating it changes
     nothing any client keeps."""
     cfg = tiny_config(tmp_path, algo=algo, rounds=2, **NEW, **OWN_WAY[algo])
-    ex = SerialExecutor(cfg, prepare(cfg))
-    if algo in ("pacfl", "fedclust", "fedfcd"):  # their round before round 1, as the run's prologue
-        ex.train_round(0, list(cfg.training_clients))
-    for rnd in (1, 2):
-        ex.train_round(rnd)
+    ex = _trained(cfg, prologue=algo in ("pacfl", "fedclust", "fedfcd"))
     before = {c: dict(ex.runtime.memory.get(c).values) if c in ex.runtime.memory else None for c in range(8)}
     kept = {c: ex.runtime.kept(c) for c in range(8)}
     report = ex.evaluate(2)
@@ -332,16 +333,11 @@ def test_a_fedfcd_newcomer_trains_its_own_parts_under_the_global_head(tmp_path):
     """FedFCD: a newcomer starts from its initial extractor and personal head under the current
     global head (0 epochs: exactly that, predicting by the fused decision), and Algorithm 1's
     client epochs train its extractor and personal head, never the global head."""
-    import torch
-
     from raysim.models import get_weights
 
     for epochs in (0, 1):
         cfg = tiny_config(tmp_path / str(epochs), algo="fedfcd", rounds=2, **{**NEW, "eval.new_client_epochs": epochs})
-        ex = SerialExecutor(cfg, prepare(cfg))
-        ex.train_round(0, list(cfg.training_clients))
-        for rnd in (1, 2):
-            ex.train_round(rnd)
+        ex = _trained(cfg, prologue=True)
         report = ex.evaluate(2)
         head = ex.server.state.head
         for c in cfg.new_clients:
@@ -354,10 +350,7 @@ def test_a_fedfcd_newcomer_trains_its_own_parts_under_the_global_head(tmp_path):
             assert moved == [epochs > 0, epochs > 0]
             if epochs == 0:
                 ctx.load(start)
-                x, y = ex.runtime.gather(ex.data.ptest, ex.data.client_test[c])
-                ctx.model.eval()
-                with torch.no_grad():
-                    want = int((ex.runtime.algo.decision(ctx.model)(x).argmax(1) == y).sum())
+                want = _correct(ex, c, ctx.model, ex.runtime.algo.decision(ctx.model))
                 assert next(e for e in report.clients if e.client == c).lm_correct == want
 
 
@@ -366,15 +359,11 @@ def test_a_newcomer_with_shared_modules_trains_only_its_personal_head(tmp_path, 
     """GPFL and FedCP: a newcomer takes the shared parts (and the modules beside them) with the
     initial personal head and trains the personal head alone; at 0 epochs its model is exactly
     that start, predicting as a client's personalised model does."""
-    import torch
-
     from raysim.models import get_weights
 
     for epochs in (0, 1):
         cfg = tiny_config(tmp_path / str(epochs), algo=algo, rounds=2, **{**NEW, "eval.new_client_epochs": epochs})
-        ex = SerialExecutor(cfg, prepare(cfg))
-        for rnd in (1, 2):
-            ex.train_round(rnd)
+        ex = _trained(cfg)
         report = ex.evaluate(2)
         evaluation = ex.server.evaluation()
         algo_obj = ex.runtime.algo
@@ -386,8 +375,5 @@ def test_a_newcomer_with_shared_modules_trains_only_its_personal_head(tmp_path, 
             for p in shared:
                 np.testing.assert_array_equal(after.part(p), start.part(p))
             assert (not np.array_equal(after.part(personal), start.part(personal))) == (epochs > 0)
-            x, y = ex.runtime.gather(ex.data.ptest, ex.data.client_test[c])
-            model.eval()
-            with torch.no_grad():
-                want = int((evaluation.newcomer_forward(algo_obj, model)(x).argmax(1) == y).sum())
+            want = _correct(ex, c, model, evaluation.newcomer_forward(algo_obj, model))
             assert next(e for e in report.clients if e.client == c).lm_correct == want

@@ -120,8 +120,9 @@ def test_a_real_suite_gets_its_sweeps_drawn_with_the_default_points_at_their_own
         # and the base's participation, each read from the trial's settings
         mu = lines["mu", panel, "fedprox"]
         assert mu.algo == "fedprox" and mu.points == ((0.01, f"fedprox_{panel}"), (0.1, f"fedprox_mu=0.1_{panel}"), (1.0, f"fedprox_mu=1_{panel}"))
+        assert mu.default == f"fedprox_{panel}"
         part = lines["participation", panel, "fedavg"]
-        assert [x for x, _ in part.points] == [0.25, 0.5, 1.0] and part.points[1][1] == f"fedavg_{panel}"
+        assert [x for x, _ in part.points] == [0.25, 0.5, 1.0] and part.points[1][1] == part.default == f"fedavg_{panel}"
     # the figure: each point at its value's place, at the configuration's final mean over seeds
     out = tmp_path / "page"
     assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123"]) == 0
