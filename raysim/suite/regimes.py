@@ -7,14 +7,16 @@ each table is sorted by (descending), and the metrics it shows::
 
     regimes:
       suffixes: {dir01: "Dir(0.1)", pat2: "pathological:2", rot4: "rotate:4"}
-      sort: lm_ptest
+      sort: [lm_ptest, gm_ptest]
       metrics: [gm_gtest, gm_ptest, lm_ptest, new_gm_ptest, new_lm_ptest]
 
 A metric may also be an accuracy's mean over the worst 10% of the clients (``lm_ptest_p10``), read
 from each trial's last evaluation in ``metrics.parquet``. A configuration named ``ROW_SUFFIX``
-(``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. A row
-without the sort metric (an algorithm without local models, sorted by ``lm_ptest``) follows the
-others, sorted by its first metric present. Each table's rows whose every accuracy shown is within
+(``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. ``sort`` is a metric or a list of them:
+each row is sorted by the first of them it has, so that ``[lm_ptest, gm_ptest]`` ranks an algorithm
+without local models by its global model on the clients' test data, the model its clients use (as
+PFLlib's leaderboard ranks FedAvg among the personalised methods). A row with none of them follows
+the others, sorted by its first metric present. Each table's rows whose every accuracy shown is within
 5 points of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or
 learned nothing, which a reader of a leaderboard must not take for a ranking.
 """
@@ -38,11 +40,11 @@ NEAR_CHANCE = 0.05
 
 @dataclass(frozen=True)
 class Regimes:
-    """``suffixes``: each regime's name suffix and its title, in order; ``sort``: the metric the rows
-    are sorted by; ``metrics``: the columns."""
+    """``suffixes``: each regime's name suffix and its title, in order; ``sort``: the metrics the rows
+    are sorted by, the first a row has; ``metrics``: the columns."""
 
     suffixes: tuple[tuple[str, str], ...]
-    sort: str
+    sort: tuple[str, ...]
     metrics: tuple[str, ...]
 
     def place(self, config: str) -> tuple[str, str] | None:
@@ -65,14 +67,18 @@ def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
     metrics = data.get("metrics", ["gm_gtest", "gm_ptest", "lm_ptest"])
     if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
         raise ConfigError(f"regimes.metrics in {where} is a list of metrics (such as [gm_gtest, lm_ptest]), not {metrics!r}.")
-    sort = data.get("sort", metrics[0] if metrics else None)
-    for m in [*metrics, sort]:
+    sort = data.get("sort", metrics[0])
+    if isinstance(sort, str):
+        sort = [sort]
+    if not isinstance(sort, Sequence) or not sort:
+        raise ConfigError(f"regimes.sort in {where} is a metric or a list of metrics (such as [lm_ptest, gm_ptest]), not {sort!r}.")
+    for m in [*metrics, *sort]:
         if m not in DEFAULT_METRICS and not (isinstance(m, str) and m.removesuffix(WORST) in DEFAULT_METRICS):
             raise ConfigError(
                 f"regimes in {where}: {m!r} is not one of {', '.join(DEFAULT_METRICS)}, nor one of them "
                 f"with {WORST} (its mean over the worst 10% of the clients)."
             )
-    out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), str(sort), tuple(metrics))
+    out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), tuple(sort), tuple(metrics))
     if not any(out.place(c) for c in configs):
         raise ConfigError(
             f"regimes.suffixes in {where} place no configuration: name them ROW_SUFFIX (such as fedavg_{next(iter(suffixes))})."
@@ -102,18 +108,21 @@ def _with_worst(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], m
 def regime_sections(
     regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None, rows: Sequence[Mapping[str, Any]] = ()
 ) -> list[str]:
-    """The page's section: a table per regime, its rows sorted by ``regimes.sort`` (descending), the
+    """The page's section: a table per regime, its rows sorted by the first of ``regimes.sort`` each has (descending), the
     final values mean ± std over seeds, in %; beneath each, the rows near chance. ``rows``: the
     suite's ``metrics.parquet`` rows, which the ``*_p10`` metrics are read from."""
     from raysim.results.report import MISSING
 
     chance = 1.0 / num_classes if num_classes else None
     worst = [m for m in regimes.metrics if m.endswith(WORST)]
+    first, *then = regimes.sort
+    order = f"final `{first}`" + "".join(f", or `{m}` where a row has none" for m in then)
     parts = [
         "## By regime",
         "",
-        f"Each regime's rows sorted by final `{regimes.sort}` (mean over seeds; rows without it last), the "
-        "global and the local models side by side: the final value, mean ± std over seeds, in %"
+        f"Each regime's rows sorted by {order} (mean over seeds; rows without "
+        + ("any" if then else "it")
+        + " last), the global and the local models side by side: the final value, mean ± std over seeds, in %"
         + (
             f"; {', '.join(f'`{m}`' for m in worst)}: the mean over the worst 10% of the clients "
             "(at least one), the row's fairness."
@@ -122,7 +131,7 @@ def regime_sections(
         ),
         "",
     ]
-    configs = _with_worst(summary, rows, [*regimes.metrics, regimes.sort])
+    configs = _with_worst(summary, rows, [*regimes.metrics, *regimes.sort])
     for suffix, title in regimes.suffixes:
         members = []
         for c in configs:
@@ -134,7 +143,7 @@ def regime_sections(
 
         def key(row: tuple[str, Mapping[str, Any]]) -> tuple[int, float]:
             c = row[1]
-            value = c["mean"].get(regimes.sort)
+            value = next((c["mean"][m] for m in regimes.sort if c["mean"].get(m) is not None), None)
             if value is not None:
                 return (0, -float(value))
             first = next((c["mean"][m] for m in regimes.metrics if c["mean"].get(m) is not None), None)

@@ -47,7 +47,7 @@ against:
   metrics: [gm_gtest, lm_ptest]
 regimes:
   suffixes: {inf: "no DP", eps20: "epsilon 20"}
-  sort: lm_ptest
+  sort: [lm_ptest, gm_ptest]
   metrics: [gm_gtest, lm_ptest, lm_ptest_p10]
 """
 
@@ -80,9 +80,9 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
 
     assert cells("fedper_eps20")[-2] == f"{run['epsilon']:.3f}" and cells("fedper_inf")[-2] == "–"  # (then the paper's)
     assert (out / "against_epsilon_gm_gtest.png").stat().st_size > 5000
-    # by regime (raysim/suite/regimes.py): rows sorted by lm_ptest, FedAvg (none) after FedPer, the
-    # values summary.json's, and the rows near chance (10 classes: every accuracy below 15%) named
-    # (lm_ptest_p10: the worst 10% of FedPer's clients at the trial's last round, metrics.parquet's)
+    # by regime (raysim/suite/regimes.py): rows sorted by lm_ptest, or gm_ptest for FedAvg (no local
+    # models), the values summary.json's, and the rows near chance (10 classes: every accuracy below
+    # 15%) named (lm_ptest_p10: the worst 10% of FedPer's clients at the trial's last round, metrics.parquet's)
     import pyarrow.parquet as pq
 
     last = {}
@@ -90,10 +90,12 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
         last[r["config"]] = r
     by_regime = page.split("## By regime")[1].split("\n## ")[0]
     assert "`lm_ptest_p10`: the mean over the worst 10% of the clients" in by_regime
+    assert "sorted by final `lm_ptest`, or `gm_ptest` where a row has none" in by_regime
     for suffix, title in (("inf", "no DP"), ("eps20", "epsilon 20")):
         block = by_regime.split(f"### {title}")[1].split("### ")[0]
         rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines() if line.startswith("| fed")]
-        assert [r[0] for r in rows] == ["fedper", "fedavg"]
+        used = {"fedper": summary[f"fedper_{suffix}"]["mean"]["lm_ptest"], "fedavg": summary[f"fedavg_{suffix}"]["mean"]["gm_ptest"]}
+        assert [r[0] for r in rows] == sorted(used, key=lambda n: -used[n])
         for name, *cells in rows:
             c = summary[f"{name}_{suffix}"]
             for cell, m in zip(cells[:2], ("gm_gtest", "lm_ptest"), strict=True):
@@ -147,6 +149,9 @@ def test_a_suffix_places_a_configuration_by_the_longest_match() -> None:
         ({"suffixes": {"inf": "no DP"}, "metrics": ["lm_ptest_p20"]}, "'lm_ptest_p20' is not one of"),
         ({"suffixes": {"inf": "no DP"}, "metrics": ["lm_test_p10"]}, "'lm_test_p10' is not one of"),
         ({"suffixes": {"inf": "no DP"}, "metrics": "gm_gtest"}, "is a list of metrics"),
+        ({"suffixes": {"inf": "no DP"}, "sort": []}, "is a metric or a list of metrics"),
+        ({"suffixes": {"inf": "no DP"}, "sort": 3}, "is a metric or a list of metrics"),
+        ({"suffixes": {"inf": "no DP"}, "sort": ["lm_ptest", "gm_test"]}, "'gm_test' is not one of"),
         ({"suffixes": {"dir01": "Dir(0.1)"}}, "place no configuration"),
     ],
 )
@@ -154,3 +159,29 @@ def test_a_wrong_regimes_entry_is_refused_in_one_sentence(entry, words) -> None:
     with pytest.raises(ConfigError, match=words) as err:
         parse_regimes(entry, CONFIGS, "tiny.yaml")
     assert str(err.value).count(". ") == 0
+
+
+def test_each_regime_row_is_sorted_by_the_first_sort_metric_it_has() -> None:
+    """FedAvg has no local models: sorted by lm_ptest alone it follows every row that has one; by
+    [lm_ptest, gm_ptest] it takes its place by the global model its clients use."""
+    from raysim.suite.regimes import regime_sections
+
+    def config(name: str, **mean: float | None) -> dict:
+        return {"config": name, "seeds": [0], "mean": mean, "std": {k: 0.0 for k in mean}}
+
+    summary = {
+        "configs": [
+            config("fedavg_inf", gm_gtest=0.70, gm_ptest=0.80, lm_ptest=None),
+            config("fedper_inf", gm_gtest=None, gm_ptest=None, lm_ptest=0.75),
+            config("local_inf", gm_gtest=None, gm_ptest=None, lm_ptest=0.90),
+        ]
+    }
+
+    def order(sort: object) -> list[str]:
+        regimes = parse_regimes({"suffixes": {"inf": "no DP"}, "sort": sort, "metrics": ["gm_gtest", "gm_ptest", "lm_ptest"]}, CONFIGS, "x")
+        lines = regime_sections(regimes, summary, 10)
+        return [line.split(" | ")[0].strip("| ") for line in lines if line.startswith("| ") and not line.startswith("| |")]
+
+    assert order("lm_ptest") == ["local", "fedper", "fedavg"]
+    assert order(["lm_ptest", "gm_ptest"]) == ["local", "fedavg", "fedper"]
+    assert order(["gm_ptest"]) == ["fedavg", "local", "fedper"]  # rows with none: by their first metric present

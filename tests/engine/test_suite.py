@@ -377,17 +377,16 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     assert [s[1] for s in starts if s[0] == second] == ["start", "resume", "end"]  # ... the stopped one went on
     (third,) = {s[0] for s in starts} - {first, second}
     assert [s[1] for s in starts if s[0] == third][-2:] == ["resume", "end"]  # ... and so did the killed one
-    table = pq.read_table(stopped / "metrics.parquet").to_pylist()
-    for seed in (0, 1, 2):
-        want = _run_py(["--algo", "fedavg", "--seed", str(seed), *run], tmp_path / f"seed{seed}")
-        got = [
-            {k: v for k, v in r.items() if k not in ("config", "seed", "trial")} for r in table if r["seed"] == seed
-        ]
-        assert without_times(got) == without_times(want), seed
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["trials"] == 3 and summary["configs"][0]["seeds"] == [0, 1, 2]
     whole, _, _ = suite_from_args(["--algo", "fedavg", "--seeds", "0-2", *run])
     run_suite(whole, tmp_path / "whole", progress=False)
+
+    def rows(suite_dir: Path) -> list[dict]:  # every round's numbers of every seed, in seed order
+        table = pq.read_table(suite_dir / "metrics.parquet").to_pylist()
+        return without_times(sorted(table, key=lambda r: (r["seed"], r["round"])))
+
+    assert rows(stopped) == rows(tmp_path / "whole")  # (a suite's rows are run.py's: the test above)
 
     def table_of(suite_dir: Path) -> dict:
         return {k: v for k, v in json.loads((suite_dir / "summary.json").read_text()).items() if k != "suite_dir"}
