@@ -23,6 +23,11 @@ Colours: each registered algorithm declares its family (``Algorithm.family``, on
 different dash patterns, so that the families separate at a glance and the lines of one family
 stay told apart; the legend, shared by the panels, lists the lines family by family. Every panel
 has the same axes, the line of a label the same colour and dash in each.
+
+A crowded page (a panel of more than :data:`MAX_LINES` lines from three families or more, at most
+:data:`MAX_COLUMNS` panels: the table of every algorithm) is drawn as a grid instead: a column per
+panel and a row per family, each cell that family's lines over the panel's other lines in light
+grey (where the family stands among all), each row's legend beside it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ OTHER_PANEL = "other configurations"
 DPI = 120  # the pages' figures: a 7 x 4.5 inch plot is 840 x 540 pixels
 PANEL_SIZE = (4.2, 3.1)  # inches, one panel
 MAX_COLUMNS = 3
+#: a panel of more lines than this, from three families or more, splits into a row per family
+MAX_LINES = 12
+CONTEXT_GREY = "0.82"  # the other families' lines in a family's cell
 SINGLE_PANEL_SIZE = (6.0, 4.2)  # inches, a page's only panel
 #: the legend's entry height and column width (inches): beside the panels in one column or two
 #: where it fits, else beneath them
@@ -273,6 +281,10 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     if not drawn:
         return None
     panels = [p for p in plan.panels if any(line.panel == p for line in drawn)]
+    families = [f for f in FAMILIES if any(line.family == f for line in drawn)]
+    crowded = max(sum(line.panel == p for line in drawn) for p in panels) > MAX_LINES
+    if crowded and len(families) >= 3 and len(panels) <= MAX_COLUMNS:
+        return _family_grid(data, drawn, panels, families, metric, against)
     columns = min(len(panels), MAX_COLUMNS)
     grid_rows = math.ceil(len(panels) / columns)
     style = styles(drawn)
@@ -333,4 +345,59 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     return fig
 
 
-__all__ = ["DASHES", "FAMILIES", "Layout", "Line", "OTHER_PANEL", "bands", "bold_family_titles", "legend_entries", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]
+def _family_grid(
+    data: Mapping[str, tuple[list[float], list[float], list[float]]],
+    drawn: Sequence[Line],
+    panels: Sequence[str],
+    families: Sequence[str],
+    metric: str,
+    against: str,
+) -> Figure:
+    """The crowded page's figure (the module's docstring): a column per panel, a row per family."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    style = styles(drawn)
+    per_row = max(1, int((PANEL_SIZE[1] - 0.2) / LEGEND_ENTRY_HEIGHT))
+    labels = {f: list(dict.fromkeys(line.label for line in drawn if line.family == f)) for f in families}
+    legend_columns = max(math.ceil(len(names) / per_row) for names in labels.values())
+    legend_width = LEGEND_COLUMN_WIDTH * legend_columns
+    height = PANEL_SIZE[1] * len(families) + 0.6
+    fig = Figure(figsize=(PANEL_SIZE[0] * len(panels) + legend_width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(families), len(panels), sharex=True, sharey=True, squeeze=False)
+    for i, family in enumerate(families):
+        for j, panel in enumerate(panels):
+            ax = axes[i][j]
+            for line in (x for x in drawn if x.panel == panel and x.family != family):
+                xs, means, _ = data[line.config]
+                ax.plot(xs, means, color=CONTEXT_GREY, linewidth=0.8, zorder=1)
+            for line in (x for x in drawn if x.panel == panel and x.family == family):
+                xs, means, stds = data[line.config]
+                colour, dash = style[line.label]
+                ax.plot(xs, means, color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=2.5, zorder=3)
+                ax.fill_between(xs, [m - s for m, s in zip(means, stds, strict=True)], [m + s for m, s in zip(means, stds, strict=True)], color=colour, alpha=0.12, linewidth=0, zorder=2)
+            if i == 0 and panel:
+                ax.set_title(panel, fontsize="medium")
+            ax.grid(True, alpha=0.4)
+            ax.set_xlim(left=0)
+            if against == "round":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[i][0].set_ylabel(f"{FAMILIES[family][0]}\naccuracy (%)", fontsize="small")
+    for ax in axes[-1]:
+        ax.set_xlabel("round" if against == "round" else "simulated time (s)")
+    over = "round" if against == "round" else "simulated time"
+    fig.suptitle(f"{metric} against {over}: mean over seeds, band one std; a row per family, the other families' lines in grey", fontsize="medium")
+    fig.tight_layout(rect=(0, 0, 1 - legend_width / fig.get_figwidth(), 1 - 0.35 / height))  # the title's line above
+    for i, family in enumerate(families):  # each row's legend beside its last panel, without the family's title
+        top = axes[i][-1].get_position()
+        handles, _ = legend_entries([x for x in drawn if x.family == family], style)
+        fig.legend(
+            handles[1:], labels[family], loc="upper left", bbox_to_anchor=(top.x1 + 0.01, top.y1),
+            ncol=math.ceil(len(labels[family]) / per_row), fontsize="small", frameon=False, handlelength=2.2,
+        )  # fmt: skip
+    return fig
+
+
+__all__ = ["DASHES", "FAMILIES", "MAX_LINES", "Layout", "Line", "OTHER_PANEL", "bands", "bold_family_titles", "legend_entries", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]

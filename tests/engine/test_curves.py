@@ -143,3 +143,41 @@ def test_a_long_legend_beneath_the_panels_lies_inside_the_figure() -> None:
     assert all(page.x0 <= t.get_window_extent(renderer).x0 and t.get_window_extent(renderer).x1 <= page.x1 for t in legend.get_texts())
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert len(panels) == 2 and all(ax.get_window_extent(renderer).y0 > box.y1 for ax in panels)  # beneath them
+
+
+def test_a_crowded_page_is_a_row_per_family_over_the_others_in_grey() -> None:
+    """Two regimes of 16 algorithms from four families: a column per regime and a row per family,
+    each cell that family's lines (their means over seeds, in the family's style) over the regime's
+    other lines in grey, each row's legend its family's labels."""
+    from raysim.results.curves import CONTEXT_GREY, MAX_LINES
+
+    algos = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).family in ("global", "split", "personal", "clustered")][: MAX_LINES + 4]
+    families = list(dict.fromkeys(ALGORITHMS.get(a).family for a in sorted(algos, key=lambda a: list(FAMILIES).index(ALGORITHMS.get(a).family))))
+    assert len(algos) > MAX_LINES and len(families) >= 3
+    configs = [(f"{a}_{r}", a) for r in ("dir01", "rot4") for a in algos]
+    value = {c: (k + 1) / (len(configs) + 2) for k, (c, _) in enumerate(configs)}
+    rows = [{"config": c, "seed": s, "round": r, "lm_ptest": value[c] + 0.01 * s * r} for c, _ in configs for s in (0, 1) for r in (5, 10)]
+    plan = layout(configs, [("dir01", "Dir(0.1)"), ("rot4", "rotate:4")])
+    fig = figure(rows, "lm_ptest", plan)
+    assert fig is not None
+    grid = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(grid) == 2 * len(families)
+    assert [ax.get_title() for ax in grid[:2]] == ["Dir(0.1)", "rotate:4"]
+    style = styles(plan.lines)
+    for i, family in enumerate(families):
+        assert grid[2 * i].get_ylabel().startswith(FAMILIES[family][0])
+        for j, regime in enumerate(("dir01", "rot4")):
+            ax = grid[2 * i + j]
+            own = [a for a in algos if ALGORITHMS.get(a).family == family]
+            coloured = [line for line in ax.get_lines() if line.get_color() != CONTEXT_GREY]
+            grey = [line for line in ax.get_lines() if line.get_color() == CONTEXT_GREY]
+            assert len(coloured) == len(own) and len(grey) == len(algos) - len(own)
+            for line, a in zip(coloured, own, strict=True):
+                want = [100 * (value[f"{a}_{regime}"] + 0.005 * r) for r in (5, 10)]
+                assert list(line.get_xdata()) == [5.0, 10.0] and all(math.isclose(y, w) for y, w in zip(line.get_ydata(), want, strict=True))
+                assert (line.get_color(), line.get_linestyle()) == style[a]
+        assert [t.get_text() for t in fig.legends[i].get_texts()] == [a for a in algos if ALGORITHMS.get(a).family == family]
+    # a dozen lines or fewer a panel: one row of panels, one legend
+    few = [(f"{a}_{r}", a) for r in ("dir01", "rot4") for a in algos[:MAX_LINES]]
+    fig = figure([r for r in rows if r["config"] in dict(few)], "lm_ptest", layout(few, [("dir01", "Dir(0.1)"), ("rot4", "rotate:4")]))
+    assert fig is not None and len([ax for ax in fig.axes if ax.get_visible()]) == 2 and len(fig.legends) == 1
