@@ -83,12 +83,22 @@ class Line:
     family: str
 
 
+#: the x axes a page's curves may be drawn against: the rows' column -> the axis's label
+X_AXES = {
+    "round": "round",
+    "client_epochs": "client epochs (local epochs summed over the clients)",
+    "sim_time_s": "simulated time (s)",
+}
+
+
 @dataclass(frozen=True)
 class Layout:
-    """The lines in the suite's order and the panels' titles in theirs ("" for a single panel)."""
+    """The lines in the suite's order and the panels' titles in theirs ("" for a single panel);
+    ``x``: the column of :data:`X_AXES` the accuracy curves are drawn against."""
 
     lines: tuple[Line, ...]
     panels: tuple[str, ...]
+    x: str = "round"
 
 
 def family_of(algo: str | None) -> str:
@@ -235,7 +245,8 @@ def bands(
     rows: Sequence[Mapping[str, Any]], metric: str, against: str = "round"
 ) -> dict[str, tuple[list[float], list[float], list[float]]]:
     """Each configuration's (x, mean, std) over its seeds of ``metric`` in %, by round: x the round,
-    or with ``against="sim_time_s"`` the round's mean simulated time over the seeds."""
+    or another column of :data:`X_AXES` (``sim_time_s``, ``client_epochs``): its mean over the
+    seeds at the round."""
     by_config: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for r in rows:
         v = metric_value(r.get(metric))
@@ -315,7 +326,7 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     for k in range(max(0, len(panels) - columns), len(panels)):  # the lowest panel of each column
         ax = axes[k // columns][k % columns]
         ax.xaxis.set_tick_params(labelbottom=True)
-        ax.set_xlabel("round" if against == "round" else "simulated time (s)")
+        ax.set_xlabel(X_AXES[against])
     for row in axes:
         row[0].set_ylabel("accuracy (%)")
     handles, labels = legend_entries(drawn, style)
@@ -339,7 +350,7 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
         fig.set_size_inches(fig.get_figwidth(), height + below)
         area = (0, below / fig.get_figheight(), 1, 1)
     bold_family_titles(legend, handles)
-    over = "round" if against == "round" else "simulated time"
+    over = X_AXES[against].split(" (")[0]
     fig.suptitle(f"{metric} against {over}: mean over seeds, band one std", fontsize="medium")
     fig.tight_layout(rect=area)
     return fig
@@ -386,8 +397,8 @@ def _family_grid(
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[i][0].set_ylabel(f"{FAMILIES[family][0]}\naccuracy (%)", fontsize="small")
     for ax in axes[-1]:
-        ax.set_xlabel("round" if against == "round" else "simulated time (s)")
-    over = "round" if against == "round" else "simulated time"
+        ax.set_xlabel(X_AXES[against])
+    over = X_AXES[against].split(" (")[0]
     fig.suptitle(f"{metric} against {over}: mean over seeds, band one std; a row per family, the other families' lines in grey", fontsize="medium")
     fig.tight_layout(rect=(0, 0, 1 - legend_width / fig.get_figwidth(), 1 - 0.35 / height))  # the title's line above
     for i, family in enumerate(families):  # each row's legend beside its last panel, without the family's title
@@ -400,4 +411,4 @@ def _family_grid(
     return fig
 
 
-__all__ = ["DASHES", "FAMILIES", "MAX_LINES", "Layout", "Line", "OTHER_PANEL", "bands", "bold_family_titles", "legend_entries", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]
+__all__ = ["DASHES", "FAMILIES", "MAX_LINES", "X_AXES", "Layout", "Line", "OTHER_PANEL", "bands", "bold_family_titles", "legend_entries", "family_of", "figure", "layout", "small_multiples", "split_suffix", "styles"]

@@ -426,10 +426,12 @@ def _pm(mean: float | None, std: float | None) -> str:
 
 
 def curve_plots(rows: Sequence[dict[str, Any]], out: Path, plan: Layout) -> list[Path]:
-    """``accuracy_<metric>.png`` against round for each metric present, and where the runs kept a
-    simulated clock (``sim_time_s``) ``accuracy_<metric>_sim_time.png`` against it too: small
-    multiples, ``plan``'s panels and families (:mod:`raysim.results.curves`)."""
-    pngs = [out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if small_multiples(rows, m, out / f"accuracy_{m}.png", plan)]
+    """``accuracy_<metric>.png`` against round (or ``plan.x``) for each metric present, and where the
+    runs kept a simulated clock (``sim_time_s``) ``accuracy_<metric>_sim_time.png`` against it too:
+    small multiples, ``plan``'s panels and families (:mod:`raysim.results.curves`)."""
+    pngs = [
+        out / f"accuracy_{m}.png" for m in DEFAULT_METRICS if small_multiples(rows, m, out / f"accuracy_{m}.png", plan, against=plan.x)
+    ]
     if any(r.get("sim_time_s") for r in rows):
         pngs += [
             out / f"accuracy_{m}_sim_time.png"

@@ -3,6 +3,7 @@ configuration's algorithm, and its panel from the suite file's ``regimes`` or ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +34,7 @@ def suite_layout(
 ) -> Layout:
     """The layout of the suite in ``suite_dir``: each configuration's algorithm from its first
     trial's saved config (the suite file's settings where none was saved), its panels from the
-    suite file's ``regimes`` or ``against``. ``summary`` and ``spec`` (the suite file read): the
+    suite file's ``regimes`` or ``against``, and the axis from its ``regimes``' ``x``. ``summary`` and ``spec`` (the suite file read): the
     suite directory's own ``summary.json`` and ``suite.yaml`` unless given."""
     src = Path(suite_dir)
     if summary is None:
@@ -45,16 +46,18 @@ def suite_layout(
     names = [name for name, _ in configs]
     where = str(src / "suite.yaml")
     suffixes: list[tuple[str, str]] = []
+    x = "round"
     if spec.get("regimes") is not None:
         from raysim.suite.regimes import parse_regimes
 
-        suffixes = list(parse_regimes(spec["regimes"], names, where).suffixes)
+        regimes = parse_regimes(spec["regimes"], names, where)
+        suffixes, x = list(regimes.suffixes), regimes.x
     elif spec.get("against") is not None:
         from raysim.suite.against import parse_against, value_label
 
         against = parse_against(spec["against"], names, where)
         suffixes = [(s, f"{against.axis} = {value_label(v)}") for s, v in against.values]
-    return layout(configs, suffixes)
+    return dataclasses.replace(layout(configs, suffixes), x=x)
 
 
 __all__ = ["config_algorithms", "suite_layout"]

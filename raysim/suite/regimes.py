@@ -9,8 +9,12 @@ each table is sorted by (descending), and the metrics it shows::
       suffixes: {dir01: "Dir(0.1)", pat2: "pathological:2", rot4: "rotate:4"}
       sort: [lm_ptest, gm_ptest]
       metrics: [gm_gtest, gm_ptest, lm_ptest, new_gm_ptest, new_lm_ptest]
+      x: client_epochs
 
-A metric may also be an accuracy's mean over the worst 10% of the clients (``lm_ptest_p10``), read
+``x`` is what the page's curves are drawn against: ``round`` (the default), or ``client_epochs``
+(the local epochs the clients have spent, summed), the one axis on which a row whose round is a
+server step of one client's update (FedAsync) and a row whose round trains every client stand at
+equal compute. A metric may also be an accuracy's mean over the worst 10% of the clients (``lm_ptest_p10``), read
 from each trial's last evaluation in ``metrics.parquet``. A configuration named ``ROW_SUFFIX``
 (``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. ``sort`` is a metric or a list of them:
 each row is sorted by the first of them it has, so that ``[lm_ptest, gm_ptest]`` ranks an algorithm
@@ -31,7 +35,9 @@ from raysim.errors import ConfigError
 from raysim.results.curves import split_suffix
 from raysim.suite.against import check_entry, check_suffix
 
-KEYS = ("suffixes", "sort", "metrics")
+KEYS = ("suffixes", "sort", "metrics", "x")
+#: the axes the curves may be drawn against (raysim.results.curves.X_AXES)
+X_CHOICES = ("round", "client_epochs")
 #: the suffix of an accuracy's mean over the worst 10% of the clients (raysim.results.metrics)
 WORST = "_p10"
 #: a row is near chance when every accuracy it shows is below chance plus this
@@ -41,11 +47,12 @@ NEAR_CHANCE = 0.05
 @dataclass(frozen=True)
 class Regimes:
     """``suffixes``: each regime's name suffix and its title, in order; ``sort``: the metrics the rows
-    are sorted by, the first a row has; ``metrics``: the columns."""
+    are sorted by, the first a row has; ``metrics``: the columns; ``x``: the curves' axis."""
 
     suffixes: tuple[tuple[str, str], ...]
     sort: tuple[str, ...]
     metrics: tuple[str, ...]
+    x: str = "round"
 
     def place(self, config: str) -> tuple[str, str] | None:
         """(row, regime suffix) of a configuration's name, or None (the longest suffix wins)."""
@@ -78,7 +85,10 @@ def parse_regimes(data: Any, configs: Sequence[str], where: str) -> Regimes:
                 f"regimes in {where}: {m!r} is not one of {', '.join(DEFAULT_METRICS)}, nor one of them "
                 f"with {WORST} (its mean over the worst 10% of the clients)."
             )
-    out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), tuple(sort), tuple(metrics))
+    x = data.get("x", "round")
+    if x not in X_CHOICES:
+        raise ConfigError(f"regimes.x in {where} is one of {', '.join(X_CHOICES)} (what the curves are drawn against), not {x!r}.")
+    out = Regimes(tuple((str(k), str(v)) for k, v in suffixes.items()), tuple(sort), tuple(metrics), str(x))
     if not any(out.place(c) for c in configs):
         raise ConfigError(
             f"regimes.suffixes in {where} place no configuration: name them ROW_SUFFIX (such as fedavg_{next(iter(suffixes))})."
@@ -177,4 +187,4 @@ def regime_sections(
     return parts
 
 
-__all__ = ["WORST", "Regimes", "parse_regimes", "regime_sections"]
+__all__ = ["WORST", "X_CHOICES", "Regimes", "parse_regimes", "regime_sections"]

@@ -49,6 +49,7 @@ regimes:
   suffixes: {inf: "no DP", eps20: "epsilon 20"}
   sort: [lm_ptest, gm_ptest]
   metrics: [gm_gtest, lm_ptest, lm_ptest_p10]
+  x: client_epochs
 """
 
 
@@ -107,6 +108,10 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
         near = [n for n in ("fedper", "fedavg") if all(v < 1 / 10 + 0.05 for v in (summary[f"{n}_{suffix}"]["mean"][m] for m in ("gm_gtest", "lm_ptest")) if v is not None)]
         assert ("Near chance" in block) == bool(near) and all(n in block.split("Near chance")[-1] for n in near)
     assert (out / "against_epsilon_lm_ptest.png").is_file()
+    # the curves against the clients' epochs, as the regimes entry says
+    from raysim.suite.layout import suite_layout
+
+    assert suite_layout(suite_dir).x == "client_epochs"
 
 
 @pytest.mark.parametrize(
@@ -152,6 +157,9 @@ def test_a_suffix_places_a_configuration_by_the_longest_match() -> None:
         ({"suffixes": {"inf": "no DP"}, "sort": []}, "is a metric or a list of metrics"),
         ({"suffixes": {"inf": "no DP"}, "sort": 3}, "is a metric or a list of metrics"),
         ({"suffixes": {"inf": "no DP"}, "sort": ["lm_ptest", "gm_test"]}, "'gm_test' is not one of"),
+        ({"suffixes": {"inf": "no DP"}, "x": "epochs"}, "regimes.x in tiny.yaml is one of round, client_epochs"),
+        ({"suffixes": {"inf": "no DP"}, "x": "sim_time_s"}, "regimes.x"),
+        ({"suffixes": {"inf": "no DP"}, "x": 3}, "regimes.x"),
         ({"suffixes": {"dir01": "Dir(0.1)"}}, "place no configuration"),
     ],
 )

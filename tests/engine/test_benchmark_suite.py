@@ -23,7 +23,9 @@ REGIMES: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 # what a row may set beyond its algorithm and regime, and why: the algorithms that are nothing but
-# an asynchronous deployment run one, FedBN needs BatchNorm layers, FedFomo its validation part
+# an asynchronous deployment run one (their rounds and evaluations are server steps, checked below
+# to spend the same client epochs), FedBN needs BatchNorm layers, FedFomo its validation part
+ASYNC_STEPS = ("rounds", "eval.every")
 OWN: dict[str, dict[str, Any]] = {
     "fedasync": {"deployment.mode": "async", "deployment.buffer": 1},
     "fedbuff": {"deployment.mode": "async"},
@@ -51,9 +53,29 @@ def test_every_row_trains_on_the_same_terms_but_its_regime_and_its_algorithms_ne
         algo, regime = config.rsplit("_", 1)
         assert all(s == settings[0] for s in settings)  # the seeds differ only in the seed
         want = {**common, **REGIMES[regime], **OWN.get(algo, {}), "algo": algo}
-        assert settings[0] == want, config
+        steps = {k: settings[0][k] for k in ASYNC_STEPS} if settings[0].get("deployment.mode") == "async" else {}
+        assert settings[0] == {**want, **steps}, config
     assert common["paper_setup"] is False and common["rounds"] == 20 and common["model"] == "cnn3p2_fmnist"
     assert common["train.drop_last"] is True  # as PFLlib's loaders, and what FedBN's BatchNorm needs
+
+
+def test_an_asynchronous_row_spends_the_client_epochs_of_the_others_and_is_evaluated_at_the_same() -> None:
+    """An async round is one server step of ``buffer`` updates (one client epoch each, E = 1): its
+    rounds x buffer are a synchronous row's rounds x K, and so is each evaluation's point."""
+    from raysim.deployment.model import async_sizes
+
+    suite = load_suite(SUITE)
+    seen = set()
+    for t in trials(suite):
+        cfg = trial_experiment(t, Path("unused")).cfg
+        if cfg.deployment.mode != "async":
+            continue
+        _, buffer = async_sizes(cfg)
+        k = cfg.clients_per_round
+        assert cfg.rounds * buffer == suite.base["rounds"] * k and cfg.eval.every * buffer == suite.base["eval.every"] * k, t.name
+        assert cfg.train.local_epochs == 1
+        seen.add(t.config.rsplit("_", 1)[0])
+    assert seen == {"fedasync", "fedbuff"}
 
 
 def test_no_trial_is_refused_by_what_only_its_data_tells() -> None:

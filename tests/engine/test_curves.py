@@ -181,3 +181,16 @@ def test_a_crowded_page_is_a_row_per_family_over_the_others_in_grey() -> None:
     few = [(f"{a}_{r}", a) for r in ("dir01", "rot4") for a in algos[:MAX_LINES]]
     fig = figure([r for r in rows if r["config"] in dict(few)], "lm_ptest", layout(few, [("dir01", "Dir(0.1)"), ("rot4", "rotate:4")]))
     assert fig is not None and len([ax for ax in fig.axes if ax.get_visible()]) == 2 and len(fig.legends) == 1
+
+
+def test_curves_against_the_clients_epochs_put_rows_of_unequal_rounds_at_equal_compute() -> None:
+    """A FedAsync row's round is one client's update, FedAvg's every client's: against
+    client_epochs (the rows' own column, mean over seeds) both reach the same compute."""
+    rows = [{"config": "fedavg_a", "seed": s, "round": r, "client_epochs": 4.0 * r, "lm_ptest": 0.5} for s in (0, 1) for r in (1, 2)]
+    rows += [{"config": "fedasync_a", "seed": s, "round": r, "client_epochs": float(r + s), "lm_ptest": 0.4} for s in (0, 1) for r in (4, 8)]
+    plan = layout([("fedavg_a", "fedavg"), ("fedasync_a", "fedasync")], [("a", "A")])
+    fig = figure(rows, "lm_ptest", plan, against="client_epochs")
+    assert fig is not None
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[4.0, 8.0], [4.5, 8.5]]
+    assert ax.get_xlabel().startswith("client epochs") and "against client epochs" in fig.texts[0].get_text()
