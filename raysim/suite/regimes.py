@@ -115,16 +115,32 @@ def _with_worst(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], m
     return out
 
 
+def _client_epochs(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each configuration's compute: the clients' local epochs summed over its trial
+    (``client_epochs`` at its last evaluated round), mean over its seeds; {} without the column."""
+    last: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for r in rows:
+        key = (str(r["config"]), int(r["seed"]))
+        if r.get("client_epochs") is not None and (key not in last or r["round"] > last[key]["round"]):
+            last[key] = r
+    by_config: dict[str, list[float]] = {}
+    for (config, _), r in last.items():
+        by_config.setdefault(config, []).append(float(r["client_epochs"]))
+    return {c: sum(v) / len(v) for c, v in by_config.items()}
+
+
 def regime_sections(
     regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None, rows: Sequence[Mapping[str, Any]] = ()
 ) -> list[str]:
-    """The page's section: a table per regime, its rows sorted by the first of ``regimes.sort`` each has (descending), the
-    final values mean ± std over seeds, in %; beneath each, the rows near chance. ``rows``: the
-    suite's ``metrics.parquet`` rows, which the ``*_p10`` metrics are read from."""
+    """The page's section: a table per regime, its rows sorted by the first of ``regimes.sort`` each
+    has (descending), the final values mean ± std over seeds, in %, and the compute each row spent;
+    beneath each, the rows near chance. ``rows``: the suite's ``metrics.parquet`` rows, which the
+    ``*_p10`` metrics and the client epochs are read from."""
     from raysim.results.report import MISSING
 
     chance = 1.0 / num_classes if num_classes else None
     worst = [m for m in regimes.metrics if m.endswith(WORST)]
+    spent = _client_epochs(rows)
     first, *then = regimes.sort
     order = f"final `{first}`" + "".join(f", or `{m}` where a row has none" for m in then)
     parts = [
@@ -135,10 +151,11 @@ def regime_sections(
         + " last), the global and the local models side by side: the final value, mean ± std over seeds, in %"
         + (
             f"; {', '.join(f'`{m}`' for m in worst)}: the mean over the worst 10% of the clients "
-            "(at least one), the row's fairness."
+            "(at least one), the row's fairness"
             if worst
-            else "."
-        ),
+            else ""
+        )
+        + ("; client epochs: the compute the row spent, its clients' local epochs summed (mean over seeds)." if spent else "."),
         "",
     ]
     configs = _with_worst(summary, rows, [*regimes.metrics, *regimes.sort])
@@ -163,8 +180,8 @@ def regime_sections(
         parts += [
             f"### {title}",
             "",
-            "| | " + " | ".join(regimes.metrics) + " |",
-            "|---|" + "---|" * len(regimes.metrics),
+            "| | " + " | ".join(regimes.metrics) + (" | client epochs |" if spent else " |"),
+            "|---|" + "---|" * (len(regimes.metrics) + bool(spent)),
         ]
         near = []
         for name, c in members:
@@ -173,6 +190,9 @@ def regime_sections(
                 MISSING if v is None else f"{100 * float(v):.2f} ± {100 * float(c['std'].get(m) or 0.0):.2f}"
                 for m, v in zip(regimes.metrics, values, strict=True)
             ]
+            if spent:
+                used = spent.get(str(c["config"]))
+                cells.append(MISSING if used is None else f"{used:.0f}")
             parts.append(f"| {name} | " + " | ".join(cells) + " |")
             shown = [float(v) for v in values if v is not None]
             if chance is not None and shown and all(v < chance + NEAR_CHANCE for v in shown):

@@ -92,6 +92,7 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
     by_regime = page.split("## By regime")[1].split("\n## ")[0]
     assert "`lm_ptest_p10`: the mean over the worst 10% of the clients" in by_regime
     assert "sorted by final `lm_ptest`, or `gm_ptest` where a row has none" in by_regime
+    assert "| client epochs |" in by_regime
     for suffix, title in (("inf", "no DP"), ("eps20", "epsilon 20")):
         block = by_regime.split(f"### {title}")[1].split("### ")[0]
         rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines() if line.startswith("| fed")]
@@ -104,6 +105,7 @@ def test_a_suite_against_epsilon_gets_its_table_privacy_and_figures(tmp_path: Pa
                 assert cell == ("–" if v is None else f"{100 * v:.2f} ± {100 * c['std'][m]:.2f}")
             worst = last[f"{name}_{suffix}"]["lm_ptest_p10"]
             assert cells[2] == ("–" if worst is None else f"{100 * worst:.2f} ± 0.00")
+            assert cells[3] == f"{last[f'{name}_{suffix}']['client_epochs']:.0f}"  # the compute spent, one seed
             assert name == "fedavg" or worst < c["mean"]["lm_ptest"]
         near = [n for n in ("fedper", "fedavg") if all(v < 1 / 10 + 0.05 for v in (summary[f"{n}_{suffix}"]["mean"][m] for m in ("gm_gtest", "lm_ptest")) if v is not None)]
         assert ("Near chance" in block) == bool(near) and all(n in block.split("Near chance")[-1] for n in near)
