@@ -6,6 +6,7 @@
         --samples 8 --scheduler asha --metric gm_gtest
     python scripts/sweep.py suites/feddrplus_table1.yaml --scheduler asha --metric gm_gtest
     python scripts/sweep.py --resume runs/suite-fed3p2_table1-20261122-120000
+    python scripts/sweep.py suites/pfl_benchmark.yaml --publish docs/results/pfl_benchmark
 
 Settings are run.py's flags and ``--set KEY=VALUE``; a flag or setting with values separated by
 commas is a grid (``--algo fedavg,fed3p2``), one in brackets a single list value
@@ -13,7 +14,10 @@ commas is a grid (``--algo fedavg,fed3p2``), one in brackets a single list value
 ``randint(a,b)`` or ``choice(x,y)`` a range for ``--search``. A suite file's settings go beneath the
 flags'; anything after ``--`` is read as flags too (for a suite file: ``-- --rounds 30``). The last
 line on stdout is one JSON object: ``suite_dir`` and, per configuration, its settings, seeds and
-the ``mean`` and ``std`` over seeds of each final metric.
+the ``mean`` and ``std`` over seeds of each final metric. ``--publish PAGE_DIR`` writes, once every
+trial has finished, the suite's record into ``PAGE_DIR/suite`` and its page into ``PAGE_DIR``
+(``raysim report --record`` then ``--publish``, judged by the suite file given), so that one command
+regenerates a results page; its ``notes.md`` stays.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("max", "min"), help="--metric's better direction (default max)")
     p.add_argument("--driver-cpus", type=float, help="CPUs reserved for each trial's driver and server (default 0)")
     p.add_argument("--max-concurrent", type=int, help="trials at once at most (default: as many as fit)")
+    p.add_argument(
+        "--publish",
+        metavar="PAGE_DIR",
+        help="once every trial has finished, write the suite's record and results page there (e.g. docs/results/NAME)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     add_setting_flags(p, skip=TRIALS_OWN, grid=True)
@@ -137,31 +146,66 @@ def run_from_args(suite: Any, resume_dir: Path | None, args: argparse.Namespace,
     )
 
 
+def check_page(page: str | None, suite_dir: Path) -> Path | None:
+    """``--publish``'s directory, refused in one sentence before anything runs: a file, a place
+    inside the suite directory, or one whose ``suite/`` holds more than a record."""
+    if page is None:
+        return None
+    from raysim.suite.publish import RECORD
+    from raysim.suite.records import refuse_foreign
+
+    out, src = Path(page).resolve(), suite_dir.resolve()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--publish takes the page's directory; {page} is a file.")
+    if out == src or src in out.parents:
+        raise ConfigError(f"--publish writes the page outside the suite directory {suite_dir}, not into {page}.")
+    refuse_foreign(out / RECORD)
+    return out
+
+
+def publish_page(suite_dir: Path, page: Path, suite_file: str | None) -> Path:
+    """The suite's record into ``page/suite`` and its page into ``page`` (raysim.suite.publish)."""
+    from raysim.suite.publish import RECORD, publish
+    from raysim.suite.records import copy_record
+
+    copy_record(suite_dir, page / RECORD)
+    return publish(page / RECORD, page, suite_file=suite_file)[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from raysim.logs import setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging(logging.WARNING if ("-q" in argv or "--quiet" in argv) else logging.INFO)
     suite_dir: Path | str = "the suite directory"
+    again = ""  # what --resume needs besides the directory to end as this command would
     try:
         suite, resume_dir, args = suite_from_args(argv)
+        again = f" --publish {args.publish}" if args.publish else ""
         suite_dir = suite_dir_of(suite, resume_dir, args)
+        page = check_page(args.publish, suite_dir)
         summary = run_from_args(suite, resume_dir, args, suite_dir)
     except ConfigError as e:
         print(f"raysim: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"raysim: interrupted; go on with: python scripts/sweep.py --resume {suite_dir}", file=sys.stderr)
+        print(f"raysim: interrupted; go on with: python scripts/sweep.py --resume {suite_dir}{again}", file=sys.stderr)
         return 130
     if summary["unfinished"]:
         print(
             f"raysim: {summary['unfinished']} trial(s) unfinished (the suite was stopped); go on with: "
-            f"python scripts/sweep.py --resume {suite_dir}",
+            f"python scripts/sweep.py --resume {suite_dir}{again}",
             file=sys.stderr,
         )
         return 130
+    try:
+        written = publish_page(Path(summary["suite_dir"]), page, args.suite_file) if page is not None else None
+    except ConfigError as e:
+        print(f"raysim: error: the suite finished, its page was not written: {e}", file=sys.stderr)
+        return 2
     out = {
         "suite_dir": summary["suite_dir"],
+        **({"page": str(written)} if written is not None else {}),
         "trials": summary["trials"],
         "base": dict(suite.base),
         "configs": [
@@ -176,4 +220,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["build_parser", "main", "run_from_args", "suite_dir_of", "suite_from_args"]
+__all__ = ["build_parser", "check_page", "main", "publish_page", "run_from_args", "suite_dir_of", "suite_from_args"]

@@ -68,9 +68,16 @@ def check_record(suite_dir: str | os.PathLike[str], dest: str | os.PathLike[str]
         raise ConfigError(f"{src} is not a suite directory (it has no {SUITE_FILE}).")
     if out == src or src in out.parents:
         raise ConfigError(f"a suite's record goes outside its suite directory, not into {out}.")
+    refuse_foreign(out)
+    return src, out
+
+
+def refuse_foreign(dest: str | os.PathLike[str]) -> None:
+    """Refuse, in one sentence, a record's destination that exists and holds more than a record
+    (which replacing it would lose)."""
+    out = Path(dest)
     if out.exists() and (not out.is_dir() or _foreign(out)):
         raise ConfigError(f"{out} exists and is not a suite's record; give a new directory or a record to replace.")
-    return src, out
 
 
 def _foreign(path: Path) -> bool:
@@ -86,4 +93,4 @@ def _foreign(path: Path) -> bool:
     return False
 
 
-__all__ = ["SUITE_RECORD", "TRIAL_RECORD", "check_record", "copy_record"]
+__all__ = ["SUITE_RECORD", "TRIAL_RECORD", "check_record", "copy_record", "refuse_foreign"]

@@ -239,12 +239,28 @@ def _run_py(args: list[str], out: Path) -> list[dict]:
 
 
 @pytest.mark.ray
-def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray_local):
-    from raysim.suite import run_suite
+def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray_local, capsys):
+    """The command's suite, its trials' numbers those of run.py; and with --publish PAGE_DIR, once
+    it has finished, its record in PAGE_DIR/suite and its page in PAGE_DIR (the page raysim report
+    --publish draws from that record), notes.md kept."""
+    from raysim.commands.console import main as console_main
+    from raysim.commands.sweep import main
 
-    suite, _, _ = suite_from_args(["--algo", "fedavg,fedprox", "--seeds", "0-1", *TINY])
-    summary = run_suite(suite, tmp_path / "suite", progress=False)
+    page = tmp_path / "docs" / "results" / "tiny"
+    page.mkdir(parents=True)
+    (page / "notes.md").write_text("Why the rows differ.\n")
+    argv = ["--algo", "fedavg,fedprox", "--seeds", "0-1", *TINY, "--out", str(tmp_path / "suite"), "--publish", str(page)]
+    assert main([*argv, "--no-progress", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["page"] == str(page.resolve() / "README.md")
+    summary = json.loads((tmp_path / "suite" / "summary.json").read_text())
     assert summary["trials"] == 4
+    assert sorted(p.name for p in (page / "suite" / "runs").iterdir()) == sorted(f"{a}-seed{s}" for a in ("fedavg", "fedprox") for s in (0, 1))
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copyfile(page / "notes.md", again / "notes.md")
+    assert console_main(["report", "--publish", str(page / "suite"), str(again)]) == 0
+    assert (page / "README.md").read_text() == (again / "README.md").read_text()
+    assert "Why the rows differ." in (page / "README.md").read_text() and "| fedprox |" in (page / "README.md").read_text()
     table = pq.read_table(tmp_path / "suite" / "metrics.parquet").to_pylist()
     finals: dict[str, list[float]] = {}
     for algo in ("fedavg", "fedprox"):
@@ -272,6 +288,30 @@ def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray
     ends = {line[0]: line for line in log if line[1] == "end"}
     assert sorted(ends) == sorted(line[0] for line in starts)
     assert all(float(ends[s[0]][2]) > float(s[2]) and ends[s[0]][3] == s[3] for s in starts)
+
+
+@pytest.mark.parametrize(
+    ("where", "needle"),
+    [
+        ("a_file", "--publish takes the page's directory; "),
+        ("suite/page", "--publish writes the page outside the suite directory"),
+        ("suite", "--publish writes the page outside the suite directory"),
+        ("not_a_record", "is not a suite's record"),
+    ],
+)
+def test_a_bad_publish_directory_is_refused_in_one_sentence_before_ray_starts(tmp_path, monkeypatch, capsys, where, needle):
+    import raysim.suite
+    from raysim.commands.sweep import main
+
+    monkeypatch.setattr(raysim.suite, "run_suite", _never_run)
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "not_a_record" / "suite").mkdir(parents=True)
+    (tmp_path / "not_a_record" / "suite" / "my_thesis.tex").write_text("x")
+    argv = ["--algo", "fedavg", *TINY, "--out", str(tmp_path / "suite"), "--publish", str(tmp_path / where), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("raysim: error: ") and needle in err, err
+    assert (tmp_path / "not_a_record" / "suite" / "my_thesis.tex").exists()
 
 
 @pytest.mark.ray
