@@ -34,8 +34,9 @@ def suite_layout(
 ) -> Layout:
     """The layout of the suite in ``suite_dir``: each configuration's algorithm from its first
     trial's saved config (the suite file's settings where none was saved), its panels from the
-    suite file's ``regimes`` or ``against``, and the axis from its ``regimes``' ``x``. ``summary`` and ``spec`` (the suite file read): the
-    suite directory's own ``summary.json`` and ``suite.yaml`` unless given."""
+    suite file's ``regimes`` or ``against``, the curves' axis from its ``regimes``' ``x``.
+    ``summary`` and ``spec`` (the suite file read): the suite directory's own ``summary.json`` and
+    ``suite.yaml`` unless given."""
     src = Path(suite_dir)
     if summary is None:
         if not (src / "summary.json").is_file():

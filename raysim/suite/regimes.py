@@ -14,15 +14,16 @@ each table is sorted by (descending), and the metrics it shows::
 ``x`` is what the page's curves are drawn against: ``round`` (the default), or ``client_epochs``
 (the local epochs the clients have spent, summed), the one axis on which a row whose round is a
 server step of one client's update (FedAsync) and a row whose round trains every client stand at
-equal compute. A metric may also be an accuracy's mean over the worst 10% of the clients (``lm_ptest_p10``), read
-from each trial's last evaluation in ``metrics.parquet``. A configuration named ``ROW_SUFFIX``
-(``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. ``sort`` is a metric or a list of them:
-each row is sorted by the first of them it has, so that ``[lm_ptest, gm_ptest]`` ranks an algorithm
-without local models by its global model on the clients' test data, the model its clients use (as
-PFLlib's leaderboard ranks FedAvg among the personalised methods). A row with none of them follows
-the others, sorted by its first metric present. Each table's rows whose every accuracy shown is within
-5 points of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or
-learned nothing, which a reader of a leaderboard must not take for a ranking.
+equal compute. A metric may also be an accuracy's mean over the worst 10% of the clients
+(``lm_ptest_p10``), read from each trial's last evaluation in ``metrics.parquet``. A configuration
+named ``ROW_SUFFIX`` (``fedper_dir01``) is row ``ROW`` of regime ``SUFFIX``. ``sort`` is a metric or
+a list of them: each row is sorted by the first of them it has, so that ``[lm_ptest, gm_ptest]``
+ranks an algorithm without local models by its global model on the clients' test data, the model
+its clients use (as PFLlib's leaderboard ranks FedAvg among the personalised methods). A row with
+none of them follows the others, sorted by its first metric present. Each table's last column is
+the client epochs each row spent. Each table's rows whose every accuracy shown is within 5 points
+of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or learned
+nothing, which a reader of a leaderboard must not take for a ranking.
 """
 
 from __future__ import annotations
