@@ -40,6 +40,7 @@ from raysim.engine.private import privacy_summary
 from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
 from raysim.plugins import registered_callbacks
+from raysim.provenance import source_commit
 from raysim.records import EvalReport, RoundStats, RunTotals
 from raysim.registry import DATASETS, EXECUTORS, MODELS, load_ref
 from raysim.results.metrics import MetricHistory, client_rows, summarize, with_updated_lm
@@ -80,6 +81,8 @@ class RunResult:
     privacy: dict[str, Any] = field(default_factory=dict)
     #: the machine that ran the round loop (:func:`machine`)
     machine: dict[str, Any] = field(default_factory=dict)
+    #: the commit of the code that ran it (raysim.provenance.source_commit; None outside a checkout)
+    commit: str | None = None
 
     @property
     def train_time_s(self) -> float:
@@ -108,6 +111,7 @@ class RunResult:
             "worker_restarts": self.worker_restarts,
             **self.privacy,
             "machine": self.machine,
+            "commit": self.commit,
             "run_dir": str(self.run_dir),
         }
 
@@ -345,7 +349,7 @@ def run_experiment(
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
         privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows, exp.params),
-        machine=machine(),
+        machine=machine(), commit=source_commit(),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

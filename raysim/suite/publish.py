@@ -3,7 +3,8 @@
 ``OUT`` (e.g. ``docs/results/fedfcd_table1``) receives
 
 - ``README.md``: the suite's name and description, its budget (the settings every row shares, the
-  rounds run, the seeds), the commit of the code that ran it, the wall time, and a table with a row
+  rounds run, the seeds), the commit of the code that collected it (and, where the trials recorded
+  others, the commits they ran at), the wall time, and a table with a row
   per configuration: the mean ± std over seeds of the final value and of the last-k mean of each
   metric, and the mean of each seed's best (the figure papers that report the highest accuracy
   compare with), beside the paper's figure; then (folded) each trial's final value and last-k
@@ -159,6 +160,21 @@ def _machines(trials: dict[str, dict[str, Any]]) -> list[str]:
     return [f"- {'machine' if len(parts) == 1 else 'machines'}: {'; '.join(parts)}"]
 
 
+def _trial_commits(trials: dict[str, dict[str, Any]], commit: str | None) -> list[str]:
+    """Which commits the trials themselves ran at (each trial's ``summary.json`` ``commit``), with
+    how many each, where any trial recorded one other than the suite's ``commit`` (a suite resumed
+    at a newer commit, or trials carried in from another run); "not recorded" for trials that
+    predate the record."""
+    from collections import Counter
+
+    counts = Counter(run.get("commit") for run in trials.values())
+    if not any(c is not None and c != commit for c in counts):
+        return []
+    order = sorted(counts, key=lambda c: (c is None, -counts[c], str(c)))
+    parts = [f"{'`' + c + '`' if c else 'not recorded'} ({counts[c]} trial{'s' if counts[c] != 1 else ''})" for c in order]
+    return [f"- the trials' code: {'; '.join(parts)}"]
+
+
 def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:
     """A markdown table, one row per configuration: the mean over its seeds of each trial's own
     training and evaluation time per round (``train_time_s``, ``eval_time_s`` over ``rounds``, from
@@ -306,6 +322,7 @@ def publish(
         "## Budget",
         *_budget(spec.get("base", {}), summary),
         f"- code: {'commit `' + commit + '`' if commit else 'commit not recorded'}",
+        *_trial_commits(trials, commit),
         *_wall_time(src, trials),
         *_machines(trials),
         "",

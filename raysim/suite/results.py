@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim.provenance import source_commit
 from raysim.results.metrics import METRICS, MetricHistory
 from raysim.suite.spec import TRIAL_FILE, Suite, yaml_safe_load
 
@@ -121,32 +122,6 @@ def collect(suite: Suite, suite_dir: Path) -> dict[str, Any]:
 
     write_suite_report(suite_dir, suite_layout(suite_dir, summary))
     return summary
-
-
-def source_commit() -> str | None:
-    """The git commit of the code running (``+dirty`` when tracked files differ from it), or None
-    outside a git checkout: a published page names the code its numbers came from."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return None
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _pair_settings(run: Path) -> dict[str, Any]:

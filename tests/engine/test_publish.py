@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from raysim.commands.console import main as console_main
 from raysim.engine.runner import run_experiment
 from raysim.suite import load_suite, trials
@@ -357,6 +359,35 @@ def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
     here = f"{mine['processor']} ({mine['cpu_capability']}, {mine['cpus']} CPUs), torch {mine['torch']}"
     want = f"- machines: {here} (5 trials); AMD EPYC 7B13 (AVX2, 16 CPUs), torch {mine['torch']} (2 trials); not recorded (1 trial)"
     assert want in budget.splitlines()
+
+
+def test_the_page_names_the_commits_its_trials_ran_at_where_they_differ_from_the_suites(tmp_path: Path) -> None:
+    """Each trial's summary.json records the commit of the code that ran it; the page's budget adds
+    the trials' commits, with how many each, only where some trial ran at another than the commit
+    the suite was collected at (a suite resumed at a newer commit)."""
+    from raysim.provenance import source_commit
+
+    suite_dir = make_suite_dir(tmp_path)
+    runs = sorted((suite_dir / "runs").glob("*/summary.json"))
+    suite_commit = json.loads((suite_dir / "summary.json").read_text())["commit"]
+    if suite_commit is None:
+        pytest.skip("the code is not a git checkout: no commit to record")
+    assert all(json.loads(r.read_text())["commit"] == source_commit() == suite_commit for r in runs)
+
+    def budget() -> list[str]:
+        out = tmp_path / "page"
+        assert console_main(["report", "--publish", str(suite_dir), str(out), "--commit", "abc123", "-q"]) == 0
+        return (out / "README.md").read_text().split("## Budget")[1].split("## Results")[0].splitlines()
+
+    assert not any(line.startswith("- the trials' code") for line in budget())  # all at the suite's
+    for path, commit in zip(runs, ["0123456789ab", "0123456789ab", None, *[suite_commit] * 5], strict=True):
+        summary = json.loads(path.read_text())
+        if commit is None:
+            del summary["commit"]
+        else:
+            summary["commit"] = commit
+        path.write_text(json.dumps(summary))
+    assert f"- the trials' code: `{suite_commit}` (5 trials); `0123456789ab` (2 trials); not recorded (1 trial)" in budget()
 
 
 def test_the_elapsed_time_comes_from_the_suites_log_not_from_file_times(tmp_path: Path) -> None:
