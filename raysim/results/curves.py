@@ -279,13 +279,37 @@ def small_multiples(
     return True
 
 
+def _band(
+    ax: Any, curve: tuple[list[float], list[float], list[float]], colour: Any, dash: str, zorder: float | None = None
+) -> None:
+    """One configuration's curve (:func:`bands`' x, mean, std) in ``ax``: the mean as a line with
+    markers and a one-std band in its colour; ``zorder``: the band's layer, the line one above
+    (matplotlib's defaults where None)."""
+    xs, means, stds = curve
+    above = {} if zorder is None else {"zorder": zorder + 1}
+    ax.plot(xs, means, color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=2.5, **above)
+    ax.fill_between(
+        xs, [m - s for m, s in zip(means, stds, strict=True)], [m + s for m, s in zip(means, stds, strict=True)],
+        color=colour, alpha=0.12, linewidth=0, **({} if zorder is None else {"zorder": zorder}),
+    )  # fmt: skip
+
+
+def _panel_axes(ax: Any, against: str) -> None:
+    """A panel's grid and x axis: from 0, whole rounds where it is drawn against round."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.grid(True, alpha=0.4)
+    ax.set_xlim(left=0)
+    if against == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, against: str = "round") -> Figure | None:
     """A panel per ``plan``'s panel that has a line, each configuration's ``metric`` against round
     (or the simulated clock) as the mean over seeds with a one-std band; None when no
     configuration has the metric."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     data = bands(rows, metric, against)
     drawn = [line for line in plan.lines if line.config in data]
@@ -311,16 +335,10 @@ def figure(rows: Sequence[Mapping[str, Any]], metric: str, plan: Layout, *, agai
     for k, panel in enumerate(panels):
         ax = axes[k // columns][k % columns]
         for line in (x for x in drawn if x.panel == panel):
-            xs, means, stds = data[line.config]
-            colour, dash = style[line.label]
-            ax.plot(xs, means, color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=2.5)
-            ax.fill_between(xs, [m - s for m, s in zip(means, stds, strict=True)], [m + s for m, s in zip(means, stds, strict=True)], color=colour, alpha=0.12, linewidth=0)
+            _band(ax, data[line.config], *style[line.label])
         if panel:
             ax.set_title(panel, fontsize="medium")
-        ax.grid(True, alpha=0.4)
-        ax.set_xlim(left=0)
-        if against == "round":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _panel_axes(ax, against)
     for k in range(len(panels), grid_rows * columns):  # the grid's empty cells
         axes[k // columns][k % columns].set_visible(False)
     for k in range(max(0, len(panels) - columns), len(panels)):  # the lowest panel of each column
@@ -367,7 +385,6 @@ def _family_grid(
     """The crowded page's figure (the module's docstring): a column per panel, a row per family."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     style = styles(drawn)
     per_row = max(1, int((PANEL_SIZE[1] - 0.2) / LEGEND_ENTRY_HEIGHT))
@@ -385,16 +402,10 @@ def _family_grid(
                 xs, means, _ = data[line.config]
                 ax.plot(xs, means, color=CONTEXT_GREY, linewidth=0.8, zorder=1)
             for line in (x for x in drawn if x.panel == panel and x.family == family):
-                xs, means, stds = data[line.config]
-                colour, dash = style[line.label]
-                ax.plot(xs, means, color=colour, linestyle=dash, linewidth=1.4, marker="o", markersize=2.5, zorder=3)
-                ax.fill_between(xs, [m - s for m, s in zip(means, stds, strict=True)], [m + s for m, s in zip(means, stds, strict=True)], color=colour, alpha=0.12, linewidth=0, zorder=2)
+                _band(ax, data[line.config], *style[line.label], zorder=2)  # over the grey lines
             if i == 0 and panel:
                 ax.set_title(panel, fontsize="medium")
-            ax.grid(True, alpha=0.4)
-            ax.set_xlim(left=0)
-            if against == "round":
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _panel_axes(ax, against)
         axes[i][0].set_ylabel(f"{FAMILIES[family][0]}\naccuracy (%)", fontsize="small")
     for ax in axes[-1]:
         ax.set_xlabel(X_AXES[against])

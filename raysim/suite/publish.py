@@ -139,25 +139,29 @@ def _wall_time(suite_dir: Path, trials: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def _machine_name(m: dict[str, Any] | None) -> str:
-    if not m:
-        return "not recorded"
+def _machine_name(m: dict[str, Any]) -> str:
     gpu = f", {m['gpu']}" if m.get("gpu") else ""
     return f"{m['processor']} ({m['cpu_capability']}, {m['cpus']} CPUs{gpu}), torch {m['torch']}"
+
+
+def _counted(names: list[str | None]) -> str:
+    """Each of ``names`` with how many trials gave it, the most first and the trials that recorded
+    none ("not recorded") last: ``A (5 trials); B (2 trials); not recorded (1 trial)``."""
+    from collections import Counter
+
+    counts = Counter(names)
+    order = sorted(counts, key=lambda name: (name is None, -counts[name], str(name)))
+    return "; ".join(f"{name or 'not recorded'} ({counts[name]} trial{'s' if counts[name] != 1 else ''})" for name in order)
 
 
 def _machines(trials: dict[str, dict[str, Any]]) -> list[str]:
     """Which machines ran the trials (each trial's ``summary.json`` ``machine``), with how many each:
     the processor, the instruction set PyTorch dispatched to, the CPUs, the GPU and PyTorch's version,
     what a rerun elsewhere may differ in beyond the seed; "not recorded" for trials that predate it."""
-    from collections import Counter
-
-    counts = Counter(_machine_name(run.get("machine")) for run in trials.values())
-    if not counts:
+    names = [_machine_name(run["machine"]) if run.get("machine") else None for run in trials.values()]
+    if not names:
         return []
-    order = sorted(counts, key=lambda name: (name == "not recorded", -counts[name], name))
-    parts = [f"{name} ({counts[name]} trial{'s' if counts[name] != 1 else ''})" for name in order]
-    return [f"- {'machine' if len(parts) == 1 else 'machines'}: {'; '.join(parts)}"]
+    return [f"- {'machine' if len(set(names)) == 1 else 'machines'}: {_counted(names)}"]
 
 
 def _trial_commits(trials: dict[str, dict[str, Any]], commit: str | None) -> list[str]:
@@ -165,14 +169,10 @@ def _trial_commits(trials: dict[str, dict[str, Any]], commit: str | None) -> lis
     how many each, where any trial recorded one other than the suite's ``commit`` (a suite resumed
     at a newer commit, or trials carried in from another run); "not recorded" for trials that
     predate the record."""
-    from collections import Counter
-
-    counts = Counter(run.get("commit") for run in trials.values())
-    if not any(c is not None and c != commit for c in counts):
+    commits = [run.get("commit") for run in trials.values()]
+    if not any(c is not None and c != commit for c in commits):
         return []
-    order = sorted(counts, key=lambda c: (c is None, -counts[c], str(c)))
-    parts = [f"{'`' + c + '`' if c else 'not recorded'} ({counts[c]} trial{'s' if counts[c] != 1 else ''})" for c in order]
-    return [f"- the trials' code: {'; '.join(parts)}"]
+    return [f"- the trials' code: {_counted([f'`{c}`' if c else None for c in commits])}"]
 
 
 def time_table(suite_dir: Path, summary: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -328,6 +329,18 @@ def test_a_suite_run_with_analyses_gets_its_trials_per_class_accuracy(tmp_path: 
     assert row == ["fedavg", *want]
 
 
+def _rewrite(summaries: list[Path], key: str, values: list[Any]) -> None:
+    """Set ``key`` in each trial's summary.json to its value of ``values`` (None: as a trial from
+    before summaries recorded it, without the key)."""
+    for path, value in zip(summaries, values, strict=True):
+        summary = json.loads(path.read_text())
+        if value is None:
+            del summary[key]
+        else:
+            summary[key] = value
+        path.write_text(json.dumps(summary))
+
+
 def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
     """Each trial's summary.json records the machine that ran it (the processor, the instruction set
     PyTorch's kernels dispatched to, the CPUs, PyTorch's version); the page's budget counts trials per
@@ -346,13 +359,7 @@ def test_the_page_names_the_machines_its_trials_ran_on(tmp_path: Path) -> None:
     # two trials from another machine, one from before summaries named theirs, five from this one
     mine = {**mine, "gpu": None}
     other = {**mine, "processor": "AMD EPYC 7B13", "cpu_capability": "AVX2", "cpus": 16}
-    for path, machine in zip(runs, [other, other, None, *[mine] * 5], strict=True):
-        summary = json.loads(path.read_text())
-        if machine is None:
-            del summary["machine"]
-        else:
-            summary["machine"] = machine
-        path.write_text(json.dumps(summary))
+    _rewrite(runs, "machine", [other, other, None, *[mine] * 5])
     out = tmp_path / "page"
     assert console_main(["report", "--publish", str(suite_dir), str(out), "-q"]) == 0
     budget = (out / "README.md").read_text().split("## Budget")[1].split("## Results")[0]
@@ -380,13 +387,7 @@ def test_the_page_names_the_commits_its_trials_ran_at_where_they_differ_from_the
         return (out / "README.md").read_text().split("## Budget")[1].split("## Results")[0].splitlines()
 
     assert not any(line.startswith("- the trials' code") for line in budget())  # all at the suite's
-    for path, commit in zip(runs, ["0123456789ab", "0123456789ab", None, *[suite_commit] * 5], strict=True):
-        summary = json.loads(path.read_text())
-        if commit is None:
-            del summary["commit"]
-        else:
-            summary["commit"] = commit
-        path.write_text(json.dumps(summary))
+    _rewrite(runs, "commit", ["0123456789ab", "0123456789ab", None, *[suite_commit] * 5])
     assert f"- the trials' code: `{suite_commit}` (5 trials); `0123456789ab` (2 trials); not recorded (1 trial)" in budget()
 
 
