@@ -1,7 +1,8 @@
 """A real `ray start` cluster on this machine (``cluster/local_cluster.sh``: a head and one worker
-node, one CPU each, on loopback, at ports free right now) and an experiment submitted to it with
-``ray job submit --working-dir``, the way a cluster run is launched; and the cluster definitions
-for `ray up` and KubeRay, checked against Ray's own config schema and raysim's command line.
+node, one CPU each, on loopback, at ports free right now); an experiment submitted to it with
+``ray job submit --working-dir``, the way a cluster run is launched, and runs joining it with
+``--address``; and the cluster definitions for `ray up` and KubeRay, checked against Ray's own
+config schema and raysim's command line.
 
 The cluster's processes are found by its state directory (every one of them names it, or descends
 from one that does); the module checks that ``stop`` leaves none behind and never touches other Ray
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -118,7 +118,9 @@ def local_cluster() -> Iterator[LocalCluster]:
     finally:
         stopped = cluster.script("stop")
         left = _cluster_pids(state)
-        shutil.rmtree(state, ignore_errors=True)
+        # removed beside the tests that follow: the jobs' unpacked working dirs are thousands of
+        # files, whose unlinking takes seconds where the disk is mounted with online discard
+        subprocess.Popen(["rm", "-rf", str(state)], start_new_session=True)
         assert stopped.returncode == 0, stopped.stderr[-2000:]
         assert not left, f"processes left after stop: {sorted(left)}"
 
@@ -156,21 +158,65 @@ def _job_submit_runs_an_experiment(local_cluster: LocalCluster, tmp_path: Path) 
 
 def _job_submit_runs_a_suite(local_cluster: LocalCluster, tmp_path: Path) -> None:
     """scripts/sweep.py under `ray job submit`: the suite's trials on the cluster's two nodes (one
-    CPU each, so two one-worker trials at a time), the suite's table at the end."""
+    CPU each, so the two one-worker trials at once), the suite's table at the end."""
     out = tmp_path / "suite"
     sweep = [
-        "python", "scripts/sweep.py", "--algo", "fedavg,local", "--seeds", "0-1", "--dataset", "synthetic",
+        "python", "scripts/sweep.py", "--algo", "fedavg,local", "--seeds", "0", "--dataset", "synthetic",
         "--model", "mlp_fcd", "--clients", "8", "--rounds", "2", "--local-epochs", "1", "--threads", "1",
         "--set", "data.synthetic.shape=[1,8,8]", "--set", "data.synthetic.train_samples=800", "--no-progress",
         "--out", str(out),
     ]  # fmt: skip
     _, last = local_cluster.submit(sweep, tmp_path, 400)
-    assert last["suite_dir"] == str(out) and last["trials"] == 4
-    assert [(c["config"], c["seeds"]) for c in last["configs"]] == [("fedavg", [0, 1]), ("local", [0, 1])]
-    assert sorted(p.parent.name for p in (out / "runs").glob("*/summary.json")) == [
-        "fedavg-seed0", "fedavg-seed1", "local-seed0", "local-seed1",
-    ]  # fmt: skip
-    assert (out / "report.md").is_file() and pq.read_table(out / "metrics.parquet").num_rows == 8
+    assert last["suite_dir"] == str(out) and last["trials"] == 2
+    assert [(c["config"], c["seeds"]) for c in last["configs"]] == [("fedavg", [0]), ("local", [0])]
+    assert sorted(p.parent.name for p in (out / "runs").glob("*/summary.json")) == ["fedavg-seed0", "local-seed0"]
+    assert (out / "report.md").is_file() and pq.read_table(out / "metrics.parquet").num_rows == 4
+    events = sorted((float(t), what) for _, what, t, _ in (line.split() for line in (out / "trial_starts.log").read_text().splitlines()))
+    assert [what for _, what in events][:2] == ["start", "start"], events  # both begun before either ended
+
+
+#: a run joined to the cluster and its serial twin: two one-CPU client workers, one on each node
+JOIN_ARGS = [
+    "--algo", "fedavg", "--dataset", "synthetic", "--model", "mlp_fcd", "--clients", "8",
+    "--participation", "0.5", "--rounds", "2", "--local-epochs", "1", "--threads", "1",
+    "--no-progress", "--set", "data.synthetic.shape=1,8,8", "--set", "data.synthetic.train_samples=800",
+]  # fmt: skip
+
+
+def _a_joined_run_gives_the_serial_numbers(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """--address joins the cluster: the two client workers land on its two nodes, the numbers are
+    the serial run's, and every daemon of the cluster runs on after it; a run without --address
+    beside the cluster starts a Ray of its own (plain ray.init() would join the cluster)."""
+    from tests.conftest import without_times
+
+    def run(name: str, *extra: str) -> tuple[str, list[dict]]:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "run.py"), *JOIN_ARGS, *extra, "--out", str(tmp_path / name)],
+            env=local_cluster.env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr, pq.read_table(tmp_path / name / "metrics.parquet").to_pylist()
+
+    daemons = {p for p in _cluster_pids(local_cluster.state) if _is_daemon(p)}
+    assert len(daemons) == 3, daemons  # the GCS and the two raylets
+    # (leaving no idle workers behind, which the cluster's stop would wait on)
+    log, joined = run("joined", "--address", local_cluster.address, "--workers", "2", "--set", "ray.prestart_s=0")
+    assert "2 client workers ready on 2 node(s)" in log, log[-3000:]
+    assert daemons <= set(_cluster_pids(local_cluster.state)), "the joined run ended daemons of the cluster"
+    _, serial = run("serial", "--executor", "serial")
+    assert without_times(joined) == without_times(serial)
+    log, _ = run("local", "--workers", "2")
+    started = [line for line in log.splitlines() if "started local Ray at" in line]
+    assert started and local_cluster.address not in started[0], started
+
+
+def _is_daemon(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name() in ("gcs_server", "raylet")
+    except psutil.Error:
+        return False
 
 
 def _idle_workers(state: Path) -> dict[int, tuple[int, bool]]:
@@ -233,16 +279,20 @@ def _a_run_leaves_the_next_one_its_workers_started(local_cluster: LocalCluster, 
 
 @pytest.mark.ray
 @needs_ray_cli
-def test_a_local_cluster_runs_jobs_and_suites_and_leaves_its_workers_started(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    """One cluster for the four checks (one test, so that the test processes start it once): a
+def test_a_local_cluster_runs_jobs_suites_and_joined_runs_and_leaves_its_workers_started(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """One cluster for the five checks (one test, so that the test processes start it once): a
     head and a worker node; ``ray job submit`` of an experiment and of a suite; a run joined to it
-    leaves the next run its worker processes (where raysim is installed)."""
-    for sub in ("experiment", "suite", "joined"):
+    gives the serial run's numbers; a run joined to it leaves the next run its worker processes
+    (where raysim is installed)."""
+    for sub in ("experiment", "suite", "numbers", "joined"):
         (tmp_path / sub).mkdir()
     _has_a_head_and_a_worker_node(local_cluster)
     _job_submit_runs_an_experiment(local_cluster, tmp_path / "experiment")
     _job_submit_runs_a_suite(local_cluster, tmp_path / "suite")
-    if not _a_run_leaves_the_next_one_its_workers_started(local_cluster, tmp_path / "joined"):
+    installed = _a_run_leaves_the_next_one_its_workers_started(local_cluster, tmp_path / "joined")
+    # after the count of idle workers above, which this run's own would change
+    _a_joined_run_gives_the_serial_numbers(local_cluster, tmp_path / "numbers")
+    if not installed:
         pytest.skip("raysim is not installed, so a joined run's workers could not be checked (the rest passed)")
 
 def test_ray_up_config_is_valid() -> None:

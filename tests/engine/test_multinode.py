@@ -37,7 +37,7 @@ def _run(args: list[str], out: Path, env: dict[str, str]) -> tuple[list[dict], s
 
 
 @pytest.mark.ray
-@pytest.mark.slow  # about a minute; a real cluster stays in the default suite (test_cluster_join, test_job_submit)
+@pytest.mark.slow  # about a minute; a real cluster stays in the default suite (tests/engine/test_job_submit.py)
 def test_fed3p2_on_three_nodes_equals_one_node(tmp_path):
     from ray.cluster_utils import Cluster
 
