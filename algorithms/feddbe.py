@@ -43,9 +43,13 @@ kappa = 50 and mu = 1 (the authors' ``run_me.sh``: ``-klw 50 -mo 1``; PFLlib's a
 0 and 0.1, switch MR off). The authors train the PRBM with an optimizer of its own (plain SGD at the
 same rate, its state kept across rounds, as is theirs for the model); with their plain SGD (no
 momentum, no weight decay) the one optimizer here gives the same steps. kappa = 50 goes with the
-authors' rate (0.005, plain SGD, batches of 10): at raysim's default rate and momentum (0.05 and
-0.9) the MR term diverges on ``cnn3p2_fmnist`` (its loss grows past 1e6 in round 1), where kappa = 1
-or the authors' rate train.
+authors' rate (0.005, plain SGD, batches of 10) and their models' representations: R is a mean over
+the K entries of z, so kappa pulls each entry with kappa / K, and PFLlib's FedAvgCNN, whose
+extractor is ``cnn3p2_fmnist``'s convolutions, has K = 512 where ``cnn3p2_fmnist`` has K = 50: at the
+same kappa ten times the pull. On ``cnn3p2_fmnist`` kappa = 50 diverges at raysim's default rate and
+momentum (0.05 and 0.9: its loss grows past 1e6 in round 1) and at plain SGD 0.01 (the training
+loss is NaN in round 1 on Dir(0.1)); kappa = 5 (50 x 50 / 512) and kappa = 1 train at 0.01, kappa = 50
+at the authors' 0.005 (a loss of 8 in round 1).
 
 Not batchable (its loss carries the running mean from step to step, which one vmapped loss over
 several clients cannot), not under DP-SGD (MR reads the batch's mean representation, not a mean of
