@@ -3,7 +3,7 @@ CVPR 2024, pp. 11986-11995): a shared body and a personal head, with federated p
 on the client ("the shared parts learn from the previous model") and client synchronisation on the
 server (an aggregation that keeps stragglers' under-trained knowledge out of the global model, by
 the clients' Fisher information). The paper's method section could not be read here (its abstract
-could); the equations below are the ones its authors' code computes, in the two copies named below.
+could); the equations below are the ones its authors' code computes, read in the copies named below.
 
 - Shared: the body (``extractor``, ``filter``), sent to every sampled client. Personal: the head,
   and the client's whole local model after its last update (body and head), kept on its home
@@ -14,7 +14,7 @@ could); the equations below are the ones its authors' code computes, in the two 
   ``filter(extractor(x))``), loads the received body theta_s with its own head and trains the body
   alone with plain SGD on the alignment loss of a mini-batch B,
 
-      L_align(B) = sum over classes c present in B of (1/d) || mean_{x in B_c} f(theta_s; x) - p_c ||^2,
+      L_align(B) = sum over classes c present in B of (1 / (|B_c| d)) sum_{x in B_c} || f(theta_s; x) - p_c ||^2,
 
   for ``alignment_epochs`` epochs at rate ``alignment_lr`` (:func:`alignment_loss_of`).
 - Local training: body and head together, cross-entropy, E epochs at the round's rate.
@@ -29,18 +29,19 @@ could); the equations below are the ones its authors' code computes, in the two 
   (``gm_*`` null). A newcomer (``eval.new_clients``) takes the shared body with the initial head and
   adapts the head.
 
-The readings follow the authors' code as PFLlib carries it
-(``system/flcore/clients/clientas.py`` and ``system/flcore/servers/serveras.py`` of TsingZ0/PFLlib,
-read at commit d832e76) and FL-bench (``src/client/fedas.py``, ``src/server/fedas.py`` of
-KarhouTam/FL-bench, read at commit 06e658b):
+The readings follow the authors' code (``system/flcore/clients/clientas.py`` and
+``system/flcore/servers/serveras.py`` of xiyuanyang45/FedAS, read at commit 1a4f5fd), as PFLlib
+carries it (the same files of TsingZ0/PFLlib, read at commit d832e76), and FL-bench
+(``src/client/fedas.py``, ``src/server/fedas.py`` of KarhouTam/FL-bench, read at commit 06e658b):
 - the prototypes are the previous local model's class means over the whole training set, and
   alignment is one epoch of plain SGD at 0.01 over the body only (PFLlib's fixed values, FL-bench's
   defaults ``alignment_epoch`` 1 and ``alignment_lr`` 0.01);
-- the alignment loss sums, over a batch's classes, the mean-squared error of the class's mean
-  feature against its prototype, as FL-bench computes it. The two codes differ here: PFLlib's
-  ``nn.MSELoss()(features of class c, p_c)`` broadcasts the prototype over the class's samples, a
-  per-sample error, which is FL-bench's term plus the class's feature variance over d, so it also
-  pulls each class's features together. FL-bench's term is followed;
+- the alignment loss sums, over a batch's classes, ``nn.MSELoss()(features of class c, p_c)``, the
+  prototype broadcast over the class's samples: a per-sample error, in the authors' code and
+  PFLlib's alike. FL-bench instead takes the error of the class's mean feature against its
+  prototype, which is the per-sample error less the class's feature variance over d: it moves the
+  class means only, where the authors' term also pulls each class's features together. The
+  authors' term is followed;
 - the Fisher trace is a sum over the training mini-batches of the squared gradient of the batch's
   mean negative log-likelihood, over every parameter of the model, taken after local training;
   the server's weights are the traces normalised to sum 1 (``aggregate_wrt_fisher``);
@@ -53,9 +54,15 @@ KarhouTam/FL-bench, read at commit 06e658b):
   client's own model as its last update left it (both codes evaluate the client's local model).
 
 Here the mini-batches of alignment and of the Fisher trace are the run's batch size over shuffles
-of their own (keyed streams ``fedas/align`` and ``fedas/fisher``); PFLlib computes its prototypes
-and aligns with batches of 16. PFLlib's unselected clients also compute a Fisher trace each round,
-which is only printed; none is computed here.
+of their own (keyed streams ``fedas/align`` and ``fedas/fisher``); the authors' code and PFLlib
+align with batches of 16 ("or any other suitable value", its comment says). The authors' server
+hands its own global model to each client without a copy, so that within a round each client's
+alignment starts from the body the clients before it aligned; PFLlib copies it, and so does raysim
+(every sampled client aligns the body it received). Their clients copy only the model's
+parameters, so a BatchNorm model's running statistics stay on the client there, where raysim
+averages them with the body (``cnn3p2_fmnist`` and the other models without BatchNorm are alike
+in both). PFLlib's unselected clients also compute a Fisher trace each round, which is only
+printed; none is computed here.
 """
 
 from __future__ import annotations
@@ -192,16 +199,17 @@ def fisher_weighted_mean(finals: Sequence[ClientResult]) -> ModelWeights:
 
 
 def alignment_loss(z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
-    """sum over the classes c present in ``y`` of (1/d) || mean of z's rows of class c - prototypes[c] ||^2."""
+    """sum over the classes c present in ``y`` of the mean, over z's rows of class c and their d
+    entries, of (z - prototypes[c])^2: ``nn.MSELoss()(z[y == c], prototypes[c])`` summed over c."""
     import torch
 
     z = z.flatten(1)
     num_classes = prototypes.shape[0]
     counts = torch.bincount(y, minlength=num_classes)
-    sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add(0, y, z)
-    means = sums / counts.clamp(min=1).unsqueeze(1).to(z.dtype)
-    per_class = ((means - prototypes.to(z.dtype)) ** 2).mean(dim=1)
-    return per_class[counts > 0].sum()
+    per_row = ((z - prototypes.to(z.dtype)[y]) ** 2).mean(dim=1)
+    per_class = torch.zeros(num_classes, dtype=z.dtype, device=z.device).index_add(0, y, per_row)
+    present = counts > 0
+    return (per_class[present] / counts[present].to(z.dtype)).sum()
 
 
 def alignment_loss_of(prototypes: torch.Tensor) -> LossFn:

@@ -31,22 +31,33 @@ def _context(ex, client, rnd):
 
 
 def test_alignment_loss_sums_each_present_class_mean_squared_error_by_hand():
+    """The authors' nn.MSELoss()(features of class c, p_c), summed over the batch's classes: each
+    sample's error against its class's prototype. It is FL-bench's error of the class mean plus the
+    class's feature variance over d, so a batch whose class means are the prototypes still has its
+    spread to align."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(7, 5, generator=g, dtype=torch.float64)
     y = torch.tensor([0, 2, 2, 0, 2, 3, 0])  # class 1 absent from the batch
     protos = torch.randn(4, 5, generator=g, dtype=torch.float64)
-    want = 0.0
+    want = of_means = spread = 0.0
     zn, yn, pn = z.numpy(), y.numpy(), protos.numpy()
     for c in (0, 2, 3):
-        mean = zn[yn == c].mean(axis=0)
-        want += float(np.mean((mean - pn[c]) ** 2))
-    assert float(alignment_loss(z, y, protos)) == pytest.approx(want, rel=1e-12)
-    # a batch whose class means are the prototypes has nothing to align
-    assert float(
-        alignment_loss(z, y, torch.stack([_class_mean(z, y, c) for c in range(4)]))
-    ) == pytest.approx(0, abs=1e-12)
+        rows = zn[yn == c]
+        want += float(np.mean((rows - pn[c]) ** 2))
+        of_means += float(np.mean((rows.mean(axis=0) - pn[c]) ** 2))
+        spread += float(rows.var(axis=0).mean())
+    got = float(alignment_loss(z, y, protos))
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got == pytest.approx(of_means + spread, rel=1e-12) and spread > 0
+    mse = torch.nn.MSELoss()  # the authors' clientas.py, written out
+    by_class = [mse(z[y == c], protos[c].expand(int((y == c).sum()), -1)) for c in (0, 2, 3)]
+    assert got == pytest.approx(float(sum(by_class)), rel=1e-12)
+    # at the class means only the spread is left; with every row at its prototype, nothing
+    means = torch.stack([_class_mean(z, y, c) for c in range(4)])
+    assert float(alignment_loss(z, y, means)) == pytest.approx(spread, rel=1e-12)
+    assert float(alignment_loss(protos[y], y, protos)) == 0.0
 
 
 def _class_mean(z, y, c):
@@ -149,7 +160,11 @@ def test_alignment_pulls_the_received_body_to_the_previous_models_prototypes(tmp
     assert aligned.select(("head",)).equals(previous.select(("head",)))  # the own head, untouched
     assert not aligned.select(BODY).equals(received)
     assert full_loss(aligned) < 0.9 * before
-    assert full_loss(previous) == pytest.approx(0, abs=1e-10)  # the prototypes' own model
+    # the prototypes' own model: its class means are the prototypes, so only its spread is left
+    ctx.load(previous)
+    z = extract_features(ctx.model, x).flatten(1).double()
+    spread = sum(float(z[y == c].var(0, unbiased=False).mean()) for c in y.unique())
+    assert full_loss(previous) == pytest.approx(spread, rel=1e-5)
     assert runtime.kept(0).select(GLOBAL_PARTS).equals(previous)  # alignment keeps nothing
 
 
