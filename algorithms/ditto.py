@@ -6,6 +6,13 @@ a baseline of Fed3+2p and FedDr+.
 - Each client also keeps a personal model v_k on its home worker, trained in the same round for
   ``personal_epochs`` (default E) on CE + lambda/2 ||v_k - w||^2 with w the received global model.
 - GM = w; LM of client k = v_k (the initial model until it is first sampled).
+
+lambda defaults to 1, the value of the authors' Fashion-MNIST runs (``run_fashion_clean_ditto_lam1.sh``
+of litian96/ditto, read at commit 26d9b29, ``--lam=1``; their other scripts run 1 too) and FL-bench's
+default (``--lamda`` 1 in ``src/server/ditto.py`` of KarhouTam/FL-bench, read at commit 06e658b); the
+paper tunes it per dataset. The proximal gradient lambda (v_k - w) is the authors' personal step
+(their ``trainers_MTL/ditto.py``). At plain SGD with rate eta each step pulls v_k a fraction
+eta * lambda of the way to w: with a small lambda the personal model is close to Local's.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DittoConfig:
-    lam: float = lambda_setting(0.1, at_least=0)  # lambda of the proximal pull (``algo.lambda``)
+    lam: float = lambda_setting(1.0, at_least=0)  # lambda of the proximal pull (``algo.lambda``)
     personal_epochs: int | None = None  # None: the local epochs E
 
 

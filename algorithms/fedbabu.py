@@ -5,6 +5,9 @@ trained with cross-entropy and averaged by training-set size. FedBABU-FT: after 
 each client fine-tunes the whole global model (body and head) with cross-entropy on its own data
 for ``algo.ft_epochs`` (default E) at ``algo.ft_lr`` (default the last round's rate), the engine's "-FT"
 (:class:`raysim.capabilities.finetune.FineTune`); ``lm_ptest`` at the last round reports them.
+The fine-tuning length defaults to E as for every "-FT" here; the authors fine-tune 5 epochs
+(``--ft_ep`` 5 in ``utils/options.py`` of jhoon-oh/FedBABU, read at commit e34c15b) and PFLlib 10:
+set ``algo.ft_epochs`` for theirs.
 """
 
 from __future__ import annotations

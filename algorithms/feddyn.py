@@ -7,7 +7,8 @@ a baseline of Fed3+2p's Table 1.
   g_k <- g_k - alpha (theta_k^t - theta^{t-1}) and uploads theta_k^t.
 - Server, with h^0 = 0: h^t = h^{t-1} - alpha (1/N) sum_{k in P_t} (theta_k^t - theta^{t-1});
   theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - h^t / alpha (the uniform mean over the round's
-  clients, as Algorithm 1 writes it; N the number of clients).
+  clients, as Algorithm 1 writes it; N the number of clients that train, the newcomers held out by
+  ``eval.new_clients`` left out).
 - The regulariser is the paper's squared norm (PFLlib's ``clientdyn`` uses the norm itself). The
   terms act on the trainable parameters; buffers (batch-norm statistics) are averaged as FedAvg's.
 - Under client-level DP (docs/usage.md, "Privacy"; :meth:`FedDyn.private_aggregate`) a client's
@@ -73,7 +74,7 @@ class FedDyn(Algorithm[DynState]):
 
     def aggregate(self, state: DynState, rnd: int, results: Sequence[JobResult]) -> DynState:
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
-        alpha, n = self.params.alpha, self.cfg.clients
+        alpha, n = self.params.alpha, len(self.cfg.training_clients)
         deltas = [subtract(w, state.weights) for w in uploads]  # theta_k - theta^{t-1}
         h = apply_updates(state.h, deltas, [alpha / n] * len(deltas))  # h - alpha/N sum delta
         mean = weighted_mean(uploads, [1.0] * len(uploads))
@@ -84,7 +85,7 @@ class FedDyn(Algorithm[DynState]):
         h <- h - alpha S / N and theta <- theta + S / m - h / alpha (m the expected cohort)."""
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
         (s,) = release.noised_sums(0, [(subtract(w, state.weights),) for w in uploads], (state.weights,))
-        alpha, n = self.params.alpha, self.cfg.clients
+        alpha, n = self.params.alpha, len(self.cfg.training_clients)
         h = apply_updates(state.h, [s], [alpha / n])
         mean = apply_updates(state.weights, [s], [-1.0 / release.expected(len(self.cfg.training_clients))])
         return DynState(apply_updates(mean, [h], [1.0 / alpha]), h)

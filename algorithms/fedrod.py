@@ -8,6 +8,11 @@ and Chao, ICLR 2022), a baseline of Fed3+2p and FedDr+.
   cross-entropy on h_G(z) + h_P(z) where z and h_G are detached: it adds to the generic prediction
   and does not move the shared parts.
 - GM = body and generic head; LM of client k = logits h_G(z) + h_P_k(z).
+
+The personal head is the paper's linear one (PFLlib's FedRoD); the paper's hypernetwork variant,
+which generates h_P from the client's class distribution, is not here. A client's personal head
+starts from the seeded initial model's own ``phead``, where PFLlib and FL-bench start it as a copy
+of the generic head.
 """
 
 from __future__ import annotations

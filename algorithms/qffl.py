@@ -24,7 +24,12 @@ code, litian96/fair_flearn, trains with ``GradientDescentOptimizer``), so the pa
 without momentum: with momentum beta, w^t - w_k sums up to 1/(1 - beta) times the gradients L
 assumes (10 times at raysim's default 0.9), and h_k's q F_k^(q-1) ||Delta w_k||^2 grows with its
 square. A run that sets momentum (or ``paper_setup: false`` with the default) is q-FedAvg's step
-on those larger Delta w_k.
+on those larger Delta w_k. Many local steps do the same without momentum: over S steps
+||Delta w_k||^2 grows as S^2 while Delta_k grows as S, so the server's step is about
+1 / (1 + q L ||w^t - w_k||^2 / F_k) of the uploads' mean change; with a hundred steps a round at
+q = 1 that is a small fraction, and the global model trains that much slower (the
+pfl_benchmark_tries results page measures it against q). q defaults to 1; the authors' code
+defaults to 0 (FedAvg) and the paper tunes q per dataset.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ ICML 2020, Algorithm 1 with option II), a baseline of FedDr+.
   II, c_i - c + (x - y) / (K eta) (the K steps sum to K eta (mean g - c_i + c)); unlike that formula it
   stays right when the local optimiser has momentum or weight decay, as the common setups here do.
 - Server: x <- x + eta_g * mean(Delta y) over the sampled clients, c <- c + (1/N) sum(Delta c)
-  (``server_lr`` eta_g = 1). A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
+  (``server_lr`` eta_g = 1), N the clients that train: the newcomers ``eval.new_clients`` holds out
+  never train, so c stays the mean of the N c_i, as the paper's c = (1/N) sum c_i. A round sends x and c down and Delta y and Delta c up (twice FedAvg's).
 - Under client-level DP (docs/usage.md, "Privacy"; :meth:`Scaffold.private_aggregate`) a client's
   private upload is the pair (Delta y, Delta c), clipped to C as one vector; the two noised sums go
   through the server's two updates with fixed denominators: x <- x + eta_g S_y / m (m the expected
@@ -85,9 +86,10 @@ class Scaffold(Algorithm[ScaffoldState]):
         k = len(finals)
         dys = [r.weights for r in finals if r.weights is not None]  # Delta y
         dcs = [r.extra for r in finals]  # Delta c
-        # apply_updates(w, u, a) = w - sum a u: x + eta_g/|S| sum dy, c + 1/N sum dc
+        # apply_updates(w, u, a) = w - sum a u: x + eta_g/|S| sum dy, c + 1/N sum dc, N the clients
+        # that train (newcomers held out by eval.new_clients keep no c_i and never take part)
         x = apply_updates(state.weights, dys, [-self.params.server_lr / k] * k)
-        c = apply_updates(state.control, dcs, [-1.0 / self.cfg.clients] * k)
+        c = apply_updates(state.control, dcs, [-1.0 / len(self.cfg.training_clients)] * k)
         return ScaffoldState(x, c)
 
     def private_aggregate(
@@ -101,7 +103,7 @@ class Scaffold(Algorithm[ScaffoldState]):
         s_y, s_c = release.noised_sums(0, ups, (state.weights, state.control))
         m = release.expected(len(self.cfg.training_clients))
         x = apply_updates(state.weights, [s_y], [-self.params.server_lr / m])
-        c = apply_updates(state.control, [s_c], [-1.0 / self.cfg.clients])
+        c = apply_updates(state.control, [s_c], [-1.0 / len(self.cfg.training_clients)])
         return ScaffoldState(x, c)
 
     def evaluation(self, state: ScaffoldState) -> Evaluation:

@@ -166,6 +166,20 @@ def test_scaffold_control_variates_persist_on_the_worker_and_correct_the_steps(t
     assert all(ex.runtime.stored(c, "control").equals(c1[c]) for c in range(1, 8))  # untouched
 
 
+def test_scaffold_control_is_the_mean_over_the_clients_that_train(tmp_path):
+    """With newcomers held out (eval.new_clients), N is the clients that train: after a round of
+    all of them from zero, c is still the mean of their c_i."""
+    ex = _executor(tmp_path, "scaffold", participation=1.0, **{"eval.new_clients": 0.25})
+    training = list(ex.cfg.training_clients)
+    assert len(training) == 6
+    run_round(ex, 1, training)
+    np.testing.assert_allclose(
+        ex.server.state.control.part("extractor"),
+        np.mean([ex.runtime.stored(c, "control").part("extractor") for c in training], axis=0),
+        atol=1e-6,
+    )
+
+
 def test_baselines_learn(tmp_path):
     for algo in ("fedbabu", "fedper", "fedrep", "fedrod", "ditto", "scaffold"):
         r = run_experiment(tiny_config(tmp_path / algo, algo=algo, rounds=4))

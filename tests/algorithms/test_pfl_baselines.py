@@ -41,6 +41,10 @@ def test_feddyn_server_keeps_h_and_corrects_the_mean():
     h = np.array([0.1 - 0.5 / 8 * 4, -0.1 - 0.5 / 8 * -2])
     np.testing.assert_allclose(new.h.head, h, rtol=1e-6)
     np.testing.assert_allclose(new.weights.head, np.array([3.0, 1.0]) - h / 0.5, rtol=1e-6)  # mean - h/alpha
+    # N counts the clients that train: with 2 of the 8 held out as newcomers, N = 6
+    held_out = FedDyn(tiny_config(clients=8, **{"eval.new_clients": 0.25}), FedDynConfig(alpha=0.5))
+    h6 = np.array([0.1 - 0.5 / 6 * 4, -0.1 - 0.5 / 6 * -2])
+    np.testing.assert_allclose(held_out.aggregate(state, 1, results).h.head, h6, rtol=1e-6)
 
 
 def test_feddyn_client_term_follows_its_update_and_stays_on_the_worker(tmp_path):
