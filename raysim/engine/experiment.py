@@ -119,6 +119,30 @@ def algorithm_params(cfg: ExperimentConfig, cls: type[AlgorithmHooks]) -> Any:
     return params
 
 
+def resolved_params(exp: Experiment) -> dict[str, Any]:
+    """The algorithm's settings as the run used them, defaults included, by the names a user sets
+    them (``lambda`` for the field ``lam``): its Config's, then the engine's that apply to it (the
+    "-FT" epochs and rate, the server optimiser's, the added regularisers'). A run's summary records
+    them, so that its numbers name the settings they came from even where a default changes later."""
+    from raysim.config import to_dict
+
+    cls, cfg = exp.algorithm, exp.cfg
+    fields = {v: k for k, v in KEYWORD_PARAMS.items()}
+    own = to_dict(exp.params) if dataclasses.is_dataclass(exp.params) else {}
+    engine: dict[str, Any] = {}
+    if FineTune.of(cls).declared:
+        engine["ft_epochs"], engine["ft_lr"] = FineTune.of(cls).setting(cfg)
+    if ServerOptimizer.applies(cls):
+        opt = ServerOptimizer.of(cls).settings(cfg, cls)
+        engine.update(server_opt=opt.opt, server_lr=opt.lr, server_momentum=opt.momentum)
+        engine.update({"beta1": opt.beta1, "beta2": opt.beta2, "server_tau" if "tau" in own else "tau": opt.tau})
+    if Regularizable.of(cls).declared:
+        reg = engine_settings({k: v for k, v in cfg.algo_params.items() if k in REG_PARAMS})
+        engine.update(regularizers=list(reg.regularizers), reg_beta=reg.reg_beta, reg_tau=reg.reg_tau)
+    # a name the algorithm's own Config has is the algorithm's (MOON's tau, SCAFFOLD's server_lr)
+    return {**{fields.get(k, k): v for k, v in own.items()}, **{k: v for k, v in engine.items() if k not in own}}
+
+
 def _check_engine_params(given: Mapping[str, Any], cls: type) -> None:
     names = engine_settings(given).regularizers  # each setting's own range is declared with it
     if len(set(names)) < len(names):

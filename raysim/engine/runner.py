@@ -35,7 +35,7 @@ from raysim.config import ExperimentConfig, evaluation_due
 from raysim.data import FederatedData, build_federated_data
 from raysim.data.loading import DataLoad
 from raysim.engine.executors.base import Executor
-from raysim.engine.experiment import Experiment, validate
+from raysim.engine.experiment import Experiment, resolved_params, validate
 from raysim.engine.private import privacy_summary
 from raysim.engine.targets import TargetTracker, TimeBudget, out_of_time
 from raysim.errors import ConfigError, RunAborted
@@ -83,6 +83,8 @@ class RunResult:
     machine: dict[str, Any] = field(default_factory=dict)
     #: the commit of the code that ran it (raysim.provenance.source_commit; None outside a checkout)
     commit: str | None = None
+    #: the algorithm's settings as the run used them, defaults included (experiment.resolved_params)
+    algo_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def train_time_s(self) -> float:
@@ -110,6 +112,7 @@ class RunResult:
             "shutdown_s": round(self.shutdown_s, 3),
             "worker_restarts": self.worker_restarts,
             **self.privacy,
+            "algo_params": self.algo_params,
             "machine": self.machine,
             "commit": self.commit,
             "run_dir": str(self.run_dir),
@@ -349,7 +352,7 @@ def run_experiment(
         setup_time_s=setup_time, startup_s=startup, shutdown_s=shutdown, last_round=max(loop.last_round, 0),
         stopped=loop.interrupted, worker_restarts=executor.restarts,
         privacy=privacy_summary(exp.cfg, exp.algorithm, max(loop.last_round, 0), loop.rows, exp.params),
-        machine=machine(), commit=source_commit(),
+        machine=machine(), commit=source_commit(), algo_params=resolved_params(exp),
     )  # fmt: skip
     loop.callbacks.end({"algo": exp.cfg.algo, **result.summary(), "best_round": history.best_round()})
     return result

@@ -169,3 +169,28 @@ def test_a_run_directory_that_is_a_file_or_holds_a_finished_run_is_refused_befor
         run_experiment(tiny_config(tmp_path / "run", rounds=1, seed=9))
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
     assert done.rows
+
+
+def test_the_summary_records_the_algorithms_settings_with_their_defaults(tmp_path):
+    """Every setting the algorithm ran with, the defaults too, by the names a user sets them: a
+    run's numbers name what they came from even where a default changes later. The engine's that
+    apply to the algorithm ("-FT", the server optimiser's, the added regularisers') are resolved as
+    the run used them (FedAdam's registered defaults; the last round's rate for ft_lr)."""
+    from raysim.engine.runner import run_experiment
+    from tests.conftest import tiny_config
+
+    def recorded(name: str, **changes: object) -> dict:
+        run_experiment(tiny_config(tmp_path / name, rounds=1, **changes))
+        return json.loads((tmp_path / name / "summary.json").read_text())["algo_params"]
+
+    ditto = recorded("ditto", algo="ditto", **{"algo.personal_epochs": 2})
+    assert ditto["lambda"] == 1.0 and ditto["personal_epochs"] == 2 and "lam" not in ditto
+    adam = recorded("fedadam", algo="fedadam", **{"algo.beta1": 0.5})
+    assert adam["server_opt"] == "adam" and adam["beta1"] == 0.5
+    assert adam["server_lr"] == pytest.approx(10**-2.5) and adam["tau"] == 1e-4
+    babu = recorded("fedbabu", algo="fedbabu", **{"train.lr": 0.03, "train.local_epochs": 2})
+    assert babu["ft_epochs"] == 2 and babu["ft_lr"] == 0.03  # E; the last round's rate
+    moon = recorded("moon", algo="moon")  # MOON's own tau; the optimiser's is server_tau
+    assert moon["tau"] == 0.5 and moon["server_tau"] == 1e-3
+    scaffold = recorded("scaffold", algo="scaffold", **{"algo.server_lr": 0.5})  # its own Config's
+    assert scaffold["server_lr"] == 0.5 and "server_opt" not in scaffold
