@@ -140,7 +140,20 @@ def resolved_params(exp: Experiment) -> dict[str, Any]:
         reg = engine_settings({k: v for k, v in cfg.algo_params.items() if k in REG_PARAMS})
         engine.update(regularizers=list(reg.regularizers), reg_beta=reg.reg_beta, reg_tau=reg.reg_tau)
     # a name the algorithm's own Config has is the algorithm's (MOON's tau, SCAFFOLD's server_lr)
-    return {**{fields.get(k, k): v for k, v in own.items()}, **{k: v for k, v in engine.items() if k not in own}}
+    out = {**{fields.get(k, k): v for k, v in own.items()}, **{k: v for k, v in engine.items() if k not in own}}
+    return {k: _json_value(v) for k, v in out.items()}
+
+
+def _json_value(v: Any) -> Any:
+    """``v`` as JSON writes it: a plugin's Config may hold a value JSON has no type for (a path, an
+    enum), written as its text rather than failing the run's summary at its end."""
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    return str(v)
 
 
 def _check_engine_params(given: Mapping[str, Any], cls: type) -> None:

@@ -194,3 +194,17 @@ def test_the_summary_records_the_algorithms_settings_with_their_defaults(tmp_pat
     assert moon["tau"] == 0.5 and moon["server_tau"] == 1e-3
     scaffold = recorded("scaffold", algo="scaffold", **{"algo.server_lr": 0.5})  # its own Config's
     assert scaffold["server_lr"] == 0.5 and "server_opt" not in scaffold
+
+
+def test_a_setting_json_has_no_type_for_is_recorded_as_its_text():
+    from dataclasses import dataclass
+    from pathlib import Path
+
+    from raysim.engine.experiment import _json_value
+
+    @dataclass(frozen=True)
+    class Odd:
+        where: Path = Path("/data/x")
+
+    assert _json_value([Path("/a"), {"b": (1, 2)}, 0.5, None]) == ["/a", {"b": [1, 2]}, 0.5, None]
+    assert json.loads(json.dumps(_json_value(Odd()))) == str(Odd())
