@@ -17,8 +17,10 @@ theta into its own local model theta_i.
 - Learning W: W <- clip(W - eta * grad_{theta_hat} L(theta_hat) * (theta - theta_i), 0, 1),
   one step per mini-batch of a random ``rand_percent``% of the client's training data (the
   authors' s = 80, drawn from (seed, round, client), the same subset in the same order for every
-  pass of the round, batches of ``train.batch_size`` without the partial last one, as the authors'
-  ``DataLoader(drop_last=True)``; a subset smaller than a batch is one batch), the loss
+  pass of the round, batches of ``train.batch_size`` with the last one partial where the subset
+  does not divide, as the authors' ``DataLoader(..., drop_last=False)`` in ``ALA.py``; their subset
+  is a contiguous slice of the client's data from a random start, this one a random draw, the
+  paper's "randomly sample s% of the local training data"), the loss
   cross-entropy of theta_hat with the model in training mode (BatchNorm on the batch's
   statistics, whose running values are put back afterwards). W starts at ones and is the client's own state between rounds (on
   its home worker: jobs are pinned).
@@ -39,6 +41,10 @@ theta into its own local model theta_i.
   last local training (kept on its home worker; the initial model before it first trains), which
   is also its theta_i for the next ALA. The W-learning passes count as trained samples (each is a
   forward and backward pass over a mini-batch) in the round's compute.
+- Only a round's sampled clients run ALA, as only they work in a round here. The authors' server
+  (``serverALA.py``'s ``send_models``, as PFLlib's) runs it for every client each round, sampled
+  or not, so there an unsampled client's local model becomes theta_hat of the newest global model;
+  at full participation the two agree.
 - GM = the FedAvg average of the uploads; LM = each client's kept model, the one its last local
   training left. PFLlib's server evaluates at another point: after every client's ALA of the
   round's global model and before their training (``serverala.py`` calls ``send_models``, which
@@ -204,8 +210,8 @@ class FedALA(AveragedWeights):
     )
 
     def ala_batches(self, ctx: ClientContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The round's random s% of the client's training data, in mini-batches (the last,
-        partial one left out, unless it is the only one)."""
+        """The round's random s% of the client's training data, in mini-batches (the last one
+        partial where the subset does not divide, as the authors' ``drop_last=False``)."""
         import torch
 
         x, y = ctx.train_tensors()
@@ -214,10 +220,7 @@ class FedALA(AveragedWeights):
         order = ctx.generator("fedala/subset").permutation(n)[:size]
         idx = torch.from_numpy(order).to(x.device)
         bs = self.cfg.train.batch_size
-        full = size // bs
-        if full == 0:
-            return [(x[idx], y[idx])]
-        return [(x[idx[k * bs : (k + 1) * bs]], y[idx[k * bs : (k + 1) * bs]]) for k in range(full)]
+        return [(x[idx[a : a + bs]], y[idx[a : a + bs]]) for a in range(0, size, bs)]
 
     def adaptive_local_aggregation(
         self, ctx: ClientContext, global_w: ModelWeights, *, keep: bool = True

@@ -17,21 +17,29 @@ the clients that help it, weighted by how much each lowers its validation loss p
   client itself), nor is that of a client held out of training (``eval.new_clients``), which has
   none. ``m`` above the other training clients' count is refused.
 - Cost: each sampled client downloads M models a round, M times the model's bytes (raysim counts
-  them: the payload's arrays), against FedAvg's one; the upload is one model and M weights. The
+  them: the payload's arrays), against FedAvg's one; the upload is one model and M + 1 weights. The
   server holds N models.
 - Weights: on its validation part (``data.val_fraction``: the paper's setup sets 0.2 of a
   client's data, as the authors' ``CLIENT.VAL_SPLIT``), client i computes
-  w_n = (L_i(theta_i) - L_i(theta_n)) / ||theta_n - theta_i|| for each downloaded theta_n, with
-  theta_i its current model, L_i the mean cross-entropy (the model in evaluation mode) and the
-  norm over the model's whole flat state (parameters and BatchNorm statistics, what the authors'
-  update combines); a model at distance 0 gets 0. The update uses max(w_n, 0) normalised to sum 1;
-  if every weight is zero the client keeps its own model.
-- Update: theta_i <- theta_i + sum_n w_n (theta_n - theta_i) (in float64), then E epochs of
-  cross-entropy; the client uploads theta_i and the signed weights it computed.
-- Affinity (Sec. 3.3): P[i, n] += w_n / |sum_n w_n| for the downloaded n, with the signed weights
-  (not clipped), as the authors' ``Federation.update_client_weights`` normalises them. P starts at 0
-  (the authors' ``client_weights``; the self-weight is never read, since a client never downloads
-  its own model).
+  w_n = (L_i(theta_i) - L_i(theta_n)) / ||theta_n - theta_i|| for each candidate theta_n, with
+  theta_i its baseline, L_i the mean cross-entropy (the model in evaluation mode) and the norm the
+  Euclidean one over the model's whole flat state (parameters and BatchNorm statistics, what the
+  authors' update combines); a model at distance 0 gets 0. The candidates are the client's own
+  model as its last training left it and the M downloaded ones; the baseline is its model before
+  that training, the update it trained from (the authors' ``--baseline_model first_model``, which
+  their README runs, with the client itself first among its federating clients, ``clients =
+  [self]``; PFLlib's ``old_model``, with the client's own stored model among those it gets back).
+  So the client's own training is weighed like any other model's: kept as far as it lowered the
+  validation loss, and not thrown away when another model lowers it too.
+- Update: theta_i <- theta_i + sum_n w_n (theta_n - theta_i) (in float64) with the weights
+  max(w_n, 0) normalised to sum 1 (the baseline itself where no weight is positive), then E epochs
+  of cross-entropy; the client keeps the update as its next baseline, and uploads its trained model
+  and the signed weights it computed.
+- Affinity (Sec. 3.3): P[i, n] += w_n / |sum_n w_n|, the sum over every candidate (the client's own
+  included), with the signed weights (not clipped), as the authors'
+  ``Federation.update_client_weights`` normalises them. P starts at 0 (the authors'
+  ``client_weights``; the self-weight P[i, i] is never read, since a client never downloads its
+  own model).
 - LM = theta_i (kept on the client's home worker; the initial model before it first trains). No
   global model (``gm_*`` null): neither the paper nor PFLlib evaluates one.
 - A run without validation parts (``data.val_fraction`` 0, as ``paper_setup: false`` leaves it) is
@@ -39,10 +47,13 @@ the clients that help it, weighted by how much each lowers its validation loss p
 
 Read: NVlabs/FedFomo (commit fae2375: ``server.py``, ``client.py``, ``federation.py`` and
 ``federated/configs.py``: epsilon 0.3 decayed by 0.05 a round, the validation split, the update
-over every entry of the state dict, the affinity update) and PFLlib's ``serverfomo.py`` (commit
-0950923: the store starting from the initial model, the top-M download) and ``clientfomo.py``
-(commit 20524d4). Where the two differ, the store and the choice among every other client are
-PFLlib's, the exploration and the affinity update the authors'.
+over every entry of the state dict, the affinity update, the baseline and candidates in
+``client.py``'s ``get_federating_clients`` and ``federation.py``'s ``compute_fomo_weights``, read
+again at fe04f66) and PFLlib's ``serverfomo.py`` (commit 0950923: the store starting from the
+initial model, the top-M download) and ``clientfomo.py`` (commit 20524d4). Where the two differ,
+the store and the choice among every other client are PFLlib's, the exploration and the affinity
+update the authors'. The authors' distance defaults to the L1 norm over the parameters
+(``--model_delta_norm l1``); the Euclidean one here is the paper's ||.|| and PFLlib's.
 """
 
 from __future__ import annotations
@@ -77,6 +88,10 @@ class FedFomoConfig:
     epsilon_decay: float = setting(0.05, at_least=0)  # taken off epsilon every round
 
 
+#: the client's stored baseline: the update its last training started from
+BASELINE = "fedfomo/baseline"
+
+
 @dataclass(frozen=True)
 class FomoPayload:
     models: tuple[ModelWeights, ...]  # the M downloaded theta_n
@@ -86,7 +101,7 @@ class FomoPayload:
 
 @dataclass(frozen=True)
 class FomoUpload:
-    ids: tuple[int, ...]
+    ids: tuple[int, ...]  # the candidates: the client itself, then the downloaded models' owners
     weights: np.ndarray  # the signed w_n (before clipping), float64
 
 
@@ -251,13 +266,17 @@ class FedFomo(Algorithm[FomoState]):
         return fomo_weights(loss(own), [loss(m) for m in models], [distance(m, own) for m in models])
 
     def local_update(self, ctx: ClientContext, payload: FomoPayload) -> ClientResult:
-        own = ctx.kept(GLOBAL_PARTS)
-        weights = self.weigh(ctx, own, payload.models)
-        ctx.load(fomo_update(own, payload.models, weights))
+        own = ctx.kept(GLOBAL_PARTS)  # as its last training left it (the initial model before)
+        baseline: ModelWeights = ctx.stored(BASELINE, own)  # what that training started from
+        candidates = (own, *payload.models)
+        weights = self.weigh(ctx, baseline, candidates)
+        update = fomo_update(baseline, candidates, weights)
+        ctx.store(BASELINE, update)
+        ctx.load(update)
         stats = ctx.train(GLOBAL_PARTS, payload.lr)
         trained = ctx.weights(GLOBAL_PARTS)
         ctx.keep(trained)
-        return ctx.result(stats, weights=trained, extra=FomoUpload(payload.ids, weights))
+        return ctx.result(stats, weights=trained, extra=FomoUpload((ctx.cid, *payload.ids), weights))
 
 
 class FomoEvaluation(Evaluation):

@@ -149,9 +149,11 @@ class IFCA(Algorithm[IFCAState]):
 
     @classmethod
     def check(cls, cfg: ExperimentConfig, params: IFCAConfig) -> None:
-        if params.num_clusters > cfg.clients:
+        training = len(cfg.training_clients)  # a newcomer (eval.new_clients) never trains a cluster
+        if params.num_clusters > training:
             raise ConfigError(
-                f"IFCA cannot have more clusters (algo.num_clusters={params.num_clusters}) than clients ({cfg.clients})."
+                f"IFCA cannot have more clusters (algo.num_clusters={params.num_clusters}) than "
+                f"clients that train ({training})."
             )
 
     @classmethod

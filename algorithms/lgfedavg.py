@@ -23,9 +23,14 @@ newcomer is scored as every shared-and-personal algorithm's is.
 Choices: the heads are averaged by training-set size, as FedAvg averages; the authors'
 ``main_lg.py`` divides the sum of the round's global layers by their number, the same on the
 equal-sized shards of their experiments. Their code starts every local model from a model FedAvg
-trained first (its ``--load_fed``); here every client starts from the seeded initial model (a
-FedAvg warm-up is not part of Algorithm 1). Their global layers are the net's last
-``num_layers_keep`` layers; here the head, the model's last layer.
+trained first (its ``--load_fed``, which ``main_lg.py`` requires); here every client starts from
+the seeded initial model (a FedAvg warm-up is not part of Algorithm 1). Their global layers are the
+last ``num_layers_keep`` entries of each net's ``weight_keys`` list, which does not follow the
+net's order everywhere: for the MNIST MLP they are its top layers, for ``CNNCifar`` (listed fc1,
+fc2, fc3, conv2, conv1) ``--num_layers_keep 2`` shares the two convolutions and keeps every fully
+connected layer local. Here the global part is the head, the model's last layer, as PFLlib's
+LG-FedAvg shares it. The authors' "local test" figure takes, for each client, its round of best
+test accuracy; LM here is read at every evaluation, as for every algorithm.
 """
 
 from __future__ import annotations

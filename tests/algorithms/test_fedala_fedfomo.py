@@ -101,8 +101,8 @@ def test_fedala_learns_w_for_the_higher_layers_only_and_keeps_it(tmp_path):
     w = runtime.stored(0, "fedala_weights")
     assert [x.size for x in w] == [b - a for _, a, b, _ in slots]  # W only for the higher layers
     assert all(((x >= 0) & (x <= 1)).all() for x in w) and any((x < 1).any() for x in w)
-    subset = int(0.8 * ctx.num_samples)
-    per_pass = (subset // 20) * 20 or subset
+    per_pass = int(0.8 * ctx.num_samples)  # every sample of the subset, the partial last batch too
+    assert per_pass % 20  # (this client's subset does not divide into batches of 20)
     passes = ctx.samples_trained // per_pass
     assert ctx.samples_trained == passes * per_pass and 10 < passes <= 100  # the first ALA runs to its stop
     ext_higher = np.zeros(glob.extractor.size, bool)
@@ -170,14 +170,18 @@ def test_fomo_update_combines_the_models_with_the_clipped_normalised_weights():
 
 
 def test_fomo_client_weighs_on_its_validation_part_and_uploads_the_update(tmp_path):
-    """(a) and (b) in a run: the weights a client uploads are its validation losses' drop over the
-    distance, computed here apart from the algorithm; with no local epochs its upload is the
-    combination theta_i + sum w_n (theta_n - theta_i). Client 5 has not trained yet (its model is
-    the initial one), so the others' trained models lower its loss."""
+    """(a) and (b) in a run: the weights a client uploads are its validation losses' drop from its
+    baseline (the update its last training started from) over the distance, computed here apart
+    from the algorithm, for its own trained model and the M downloaded ones; with no local epochs
+    its upload is the combination baseline + sum w_n (theta_n - baseline). Client 5 has not trained
+    yet (its model and baseline are the initial one, weighed 0), so the others' trained models
+    lower its loss; client 0 trained in round 1 from the initial model, which is its baseline, and
+    its own trained model is weighed among the others (the authors' first_model baseline with the
+    client itself among the candidates): kept as far as it lowers the loss."""
     import torch
     import torch.nn.functional as F
 
-    from algorithms.fedfomo import fomo_update
+    from algorithms.fedfomo import BASELINE, fomo_update
     from raysim.models import build_model, set_weights
     from raysim.toolkit.context import ClientContext
 
@@ -188,38 +192,49 @@ def test_fomo_client_weighs_on_its_validation_part_and_uploads_the_update(tmp_pa
     )
     ex.server.state = first.server.state
     ex.runtime.memory.update(first.runtime.memory)
-    (job,) = ex.server.plan(2, [5])
-    payload = job.payload
-    own = ClientContext(ex.runtime, 5, 2).kept(GLOBAL_PARTS)  # the initial model
-    assert own.equals(ex.runtime.initial_weights.select(GLOBAL_PARTS))
-    (res,) = run_round(ex, 2, [5])
+    initial = ex.runtime.initial_weights.select(GLOBAL_PARTS)
+    jobs = {job.clients[0]: job for job in ex.server.plan(2, [5, 0])}
+    owns = {c: ClientContext(ex.runtime, c, 2).kept(GLOBAL_PARTS) for c in (5, 0)}
+    assert owns[5].equals(initial) and not owns[0].equals(initial)
+    results = {r.client: r for r in run_round(ex, 2, [5, 0])}
 
     data = prepare(ex.cfg)
-    idx = data.client_val[5]
-    assert idx.size > 0 and not np.isin(idx, data.client_train[5]).any()
-    x, y = torch.from_numpy(data.train.features(idx)), torch.from_numpy(data.train.y[idx])
     model = build_model("mlp_fcd", (1, 8, 8), 10, seed=0)
-
-    def val_loss(w: ModelWeights) -> float:
-        set_weights(model, w)
-        model.eval()
-        with torch.no_grad():
-            return float(F.cross_entropy(model(x), y))
-
     flat = lambda w: np.concatenate([w.part(p).astype(np.float64) for p in GLOBAL_PARTS])  # noqa: E731
-    want = [(val_loss(own) - val_loss(m)) / np.linalg.norm(flat(m) - flat(own)) for m in payload.models]
-    assert res.extra.ids == payload.ids
-    np.testing.assert_allclose(res.extra.weights, want, rtol=1e-4, atol=1e-7)
-    assert (res.extra.weights > 0).any() and not res.weights.equals(own)
-    np.testing.assert_allclose(
-        flat(res.weights), flat(fomo_update(own, payload.models, res.extra.weights)), rtol=1e-6, atol=1e-7
-    )
-    assert ex.runtime.kept(5).select(GLOBAL_PARTS).equals(res.weights)  # the personal model
+    for c in (5, 0):
+        idx = data.client_val[c]
+        assert idx.size > 0 and not np.isin(idx, data.client_train[c]).any()
+        x, y = torch.from_numpy(data.train.features(idx)), torch.from_numpy(data.train.y[idx])
+
+        def val_loss(w: ModelWeights, x: torch.Tensor = x, y: torch.Tensor = y) -> float:
+            set_weights(model, w)
+            model.eval()
+            with torch.no_grad():
+                return float(F.cross_entropy(model(x), y))
+
+        candidates = (owns[c], *jobs[c].payload.models)
+
+        def weight(m: ModelWeights, val_loss=val_loss) -> float:
+            d = np.linalg.norm(flat(m) - flat(initial))  # the baseline: the initial model for both
+            return 0.0 if d == 0 else (val_loss(initial) - val_loss(m)) / d
+
+        res = results[c]
+        assert res.extra.ids == (c, *jobs[c].payload.ids)
+        np.testing.assert_allclose(res.extra.weights, [weight(m) for m in candidates], rtol=1e-4, atol=1e-7)
+        assert (res.extra.weights[1:] > 0).any() and not res.weights.equals(owns[c])
+        np.testing.assert_allclose(
+            flat(res.weights), flat(fomo_update(initial, candidates, res.extra.weights)), rtol=1e-6, atol=1e-7
+        )
+        assert ex.runtime.kept(c).select(GLOBAL_PARTS).equals(res.weights)  # the personal model
+        # (no local epochs: the update is also what it trained from, its next round's baseline)
+        assert ex.runtime.stored(c, BASELINE).equals(res.weights)
+    assert results[5].extra.weights[0] == 0.0  # nothing trained yet: its own model is its baseline
+    assert results[0].extra.weights[0] > 0  # its round-1 training lowered its validation loss
 
 
 def test_fomo_downloads_m_stored_models_and_counts_their_bytes(tmp_path):
     """(c): each sampled client downloads M other clients' models from the store, M times the
-    model's bytes; the upload is one model and its M weights."""
+    model's bytes; the upload is one model and the M + 1 weights (its own model's and the M's)."""
     ex = _executor(tmp_path, "fedfomo", participation=1.0, **FOMO, **{"algo.m": 3})
     run_round(ex, 1, list(range(8)))
     store = ex.server.state.models
@@ -232,7 +247,7 @@ def test_fomo_downloads_m_stored_models_and_counts_their_bytes(tmp_path):
         assert all(m is store[n] for m, n in zip(job.payload.models, ids, strict=True))
     stats = ex.train_round(2, [0, 4, 6])
     assert stats.bytes_down == 3 * 3 * model_bytes
-    assert stats.bytes_up == 3 * (model_bytes + 3 * 8)
+    assert stats.bytes_up == 3 * (model_bytes + 4 * 8)
 
 
 def test_fomo_never_offers_the_model_of_a_client_held_out_of_training(tmp_path):

@@ -241,13 +241,20 @@ def test_a_resumed_run_keeps_the_clusters_and_the_choices(tmp_path):
         (-2, "algo.num_clusters must be at least 1, not -2."),
         ("four", "algo.num_clusters must be an integer, not 'four'."),
         (2.5, "algo.num_clusters must be an integer, not 2.5."),
-        (9, "IFCA cannot have more clusters (algo.num_clusters=9) than clients (8)."),
+        (9, "IFCA cannot have more clusters (algo.num_clusters=9) than clients that train (8)."),
     ],
 )
 def test_a_mistyped_number_of_clusters_is_refused_in_one_sentence(tmp_path, value, sentence):
     with pytest.raises(ConfigError) as refused:
         validate(tiny_config(tmp_path, algo="ifca", **{"algo.num_clusters": value}))
     assert str(refused.value) == sentence
+
+
+def test_the_clusters_are_counted_against_the_clients_that_train(tmp_path):
+    held_out = {"eval.new_clients": 0.25}  # 2 of the 8 clients never train
+    validate(tiny_config(tmp_path, algo="ifca", **held_out, **{"algo.num_clusters": 6}))
+    with pytest.raises(ConfigError, match=r"than clients that train \(6\)\.$"):
+        validate(tiny_config(tmp_path, algo="ifca", **held_out, **{"algo.num_clusters": 7}))
 
 
 @pytest.mark.ray
