@@ -39,7 +39,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.clustered import ClusteredFL, ClusterState
-from algorithms.clustering import assignment, bipartition, cosine_similarity
+from algorithms.clustering import bipartition, cosine_similarity
 from raysim.config import setting
 from raysim.weights import ModelWeights
 from raysim.wire import JobResult
@@ -65,7 +65,7 @@ class CFL(ClusteredFL):
     def aggregate(self, state: ClusterState, rnd: int, results: Sequence[JobResult]) -> ClusterState:
         p = self.params
         n = self.cfg.clients
-        of = assignment(state.clusters, n)
+        of = self.cluster_index(state.clusters)
         # each member's latest update since its cluster formed (None: none yet)
         latest: list[np.ndarray | None] = list(state.extra) if state.extra is not None else [None] * n
         by_cluster: dict[int, list[tuple[int, int, np.ndarray]]] = {}

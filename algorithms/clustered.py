@@ -82,7 +82,8 @@ class ClusteredFL(Algorithm[ClusterState]):
 
     def init(self, ctx: ServerContext) -> ClusterState:
         self._init = ctx.init_weights.select(GLOBAL_PARTS)
-        return ClusterState((tuple(range(self.cfg.clients)),), (self._init,))
+        # one cluster of the clients that train: a newcomer (eval.new_clients) is in none
+        return ClusterState((tuple(self.cfg.training_clients),), (self._init,))
 
     def cluster_index(self, clusters: Clusters) -> np.ndarray:
         """Each client's cluster; -1 for a client held out of training (``eval.new_clients``)."""

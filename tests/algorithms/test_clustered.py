@@ -122,6 +122,27 @@ def test_cfl_splits_only_once_every_member_has_an_update():
     assert _cfl_round(algo, s1, rest, 2).clusters == (GROUP_A, GROUP_B)  # 0-3's updates kept
 
 
+def test_cfl_with_newcomers_held_out_clusters_and_splits_the_clients_that_train():
+    """A newcomer (eval.new_clients) never trains, so it is in no cluster: the split waits for the
+    clients that train only (were it in the first cluster, its missing update would hold the split
+    off for ever)."""
+    from algorithms.cfl import CFL, CFLConfig
+    from algorithms.clustered import ClusterState
+
+    cfg = tiny_config(clients=10, algo="cfl", **{"eval.new_clients": 0.2})
+    held = set(cfg.new_clients)
+    training = list(cfg.training_clients)
+    assert len(held) == 2
+    assert SerialExecutor(cfg, prepare(cfg)).server.state.clusters == (tuple(training),)
+    algo = CFL(cfg, CFLConfig(eps1=0.5, eps2=1.0, min_cluster_size=1, start_round=1))
+    start = ClusterState((tuple(training),), (ModelWeights(head=np.zeros(4, np.float32)),))
+    v = np.array([2.0, 0.0, 0.0, 0.0])
+    opposite = {c: (v if k % 2 else -v) for k, c in enumerate(training)}
+    split = _cfl_round(algo, start, opposite, 1)
+    assert len(split.clusters) == 2 and sorted(sum(split.clusters, ())) == training
+    assert not held & set(sum(split.clusters, ()))
+
+
 def test_cfl_runs_and_splits_in_a_run(tmp_path):
     result = run_experiment(
         tiny_config(
