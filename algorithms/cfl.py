@@ -27,7 +27,11 @@ one, so that no member is placed by guess (FL-bench instead counts a member that
 round as orthogonal to all). Defaults eps1 = 0.4, eps2 = 1.6, min_cluster_size = 2 and
 start_round = 20 are those of the authors' code (felisat/clustered-federated-learning) and
 FL-bench; the norms scale with the model, the learning rate and E, so set them for your setup (the
-per-round ``cfl_mean_norm`` and ``cfl_max_norm`` scalars show where they fall).
+per-round ``cfl_mean_norm`` and ``cfl_max_norm`` scalars show where they fall). The first split
+test here is after round ``start_round`` (rounds count from 1); the authors' notebook tests from its
+round 21 (``c_round > 20``) and FL-bench from its 21st, one round later. A cluster's model moves by
+its participants' updates weighted by training-set size, as the paper's averaging; both codes take
+the uniform mean. Newcomers held out of training (``eval.new_clients``) are in no cluster.
 """
 
 from __future__ import annotations

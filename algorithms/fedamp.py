@@ -17,6 +17,14 @@ Algorithm 1), a baseline of FedFCD's Table 1: attentive message passing between 
   round), so it trains the initial model on Eq. 8 with u_i = w_i = that model, for
   ``eval.new_client_epochs`` epochs: nothing reaches it from the federation before it uploads.
 - TensorBoard: the round's attention matrix (a row per sampled client) as a heat map.
+
+At the defaults (alpha_k 1e3, sigma 1e5, lambda 1) the attention is close to flat and the pull
+weak: each neighbour's xi_ij = alpha_k exp(-x / sigma) / sigma is at most alpha_k / sigma = 0.01,
+nearly the same for every neighbour until the squared distances reach the order of sigma,
+and the proximal coefficient lambda / (2 alpha_k) = 5e-4 moves w_i about 1e-5 of the way to u_i a
+step at rate 0.01; a client trains close to alone. PFLlib's defaults are 1, 1 and 1 with the
+norm itself rather than its square. Tune them (``algo.alpha_k``, ``algo.sigma``, ``algo.lambda``)
+for a model and rate; the attention heat map shows how far apart they tell the clients.
 """
 
 from __future__ import annotations

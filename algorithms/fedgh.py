@@ -10,6 +10,12 @@ comparisons come from (PFLlib) runs it.
 - LM = the client's body with the current global head. No global extractor (``gm_*`` null).
 - A newcomer (``eval.new_clients``) trains its initial body under the global head as a client's
   local update does, for ``eval.new_client_epochs`` epochs; its model is that body with the global head.
+
+The server's rate defaults to 0.01 for one pass over the round's pairs, a few small steps a round;
+PFLlib's server trains the head at 1.0. The authors' code (LipingYi/FedGH at ff50ac0) steps the
+optimiser of the client's network after the head's backward pass, so its global head keeps its
+initial weights; its reported accuracy is the client's model right after local training, with the
+head it trained, where LM here (and PFLlib's) is the body with the current global head.
 """
 
 from __future__ import annotations

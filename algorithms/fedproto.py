@@ -11,6 +11,13 @@ comparisons come from (PFLlib) runs it: only class prototypes travel; every mode
   argmin_j ||z - C_bar^(j)||; ``predict="head"`` uses the client's own head. No global model.
 - A newcomer (``eval.new_clients``) trains its initial model as a client's local update does, on
   the current global prototypes, for ``eval.new_client_epochs`` epochs, and predicts as a client does.
+
+Prediction runs over every class with a global prototype, as PFLlib's ``clientproto.py`` does. The
+authors' test (``lib/update.py`` of yuetan031/FedProto, read at commit 97e42e2) takes the nearest
+prototype among the client's own training classes only, which lifts their figures where clients
+hold few classes (a pathological split). The local prototypes here are the class means under the
+trained body in evaluation mode; the authors' are the training-mode features of the last local
+epoch, PFLlib's those of every epoch.
 """
 
 from __future__ import annotations

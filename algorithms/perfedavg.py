@@ -19,7 +19,13 @@ by training-set size, as FedAvg and PFLlib do (a choice: the objective, Eq. 3, w
 equally, and a uniform mean of the sampled clients' models would follow it; not measured against
 it yet). GM = w; the personalised model of client k is w after one step of
 gradient descent with step alpha on a mini-batch of k's training data (the paper's evaluation: the
-meta-model adapted once), drawn from its own random stream.
+meta-model adapted once), drawn from its own random stream. A newcomer (``eval.new_clients``) is
+personalised the same way, one alpha step on a batch of its own data (the paper's new user, who
+adapts the meta-model by one step), not the generic fine-tuning of ``eval.new_client_epochs``.
+
+beta defaults to the round's learning rate and alpha to 0.01, as PFLlib's client has both (the
+learning rate); FL-bench's beta is 0.001, the pFedMe authors' runs of Per-FedAvg take alpha 0.005
+and beta 0.001.
 
 The meta-model w is not itself trained to classify: in Fed3+2p's Table 1 setup at alpha = beta =
 0.01 its GM predicts one class on G-Test, faithfully: Algorithm 1 restores w before the outer step,
@@ -146,7 +152,12 @@ class PerFedAvg(AveragedWeights):
 
 
 class PerFedAvgEvaluation(Evaluation):
-    """The global weights; a client's personal model is adapted from them."""
+    """The global weights; a client's personal model, and a newcomer's, is adapted from them by one
+    step."""
+
+    def newcomer_model(self, algo: PerFedAvg, ctx: ClientContext) -> SplitModel:
+        """A new user's model: the meta-model after one alpha step on a batch of its own data."""
+        return self.personal_model(algo, ctx)
 
     def personal_model(self, algo: PerFedAvg, ctx: ClientContext) -> SplitModel:
         """The global model after one gradient step of size alpha on a batch of the client's data."""

@@ -20,6 +20,14 @@ step, and the authors' code and PFLlib leave out each epoch's last, partial batc
 drops it (whatever ``train.drop_last`` says); otherwise theta_i, which is what K inner steps on the
 epoch's last batch leave, would be fitted to the one or two samples a remainder can hold. A client
 with fewer samples than a batch solves on all of them, as one batch.
+
+Where the codes differ from the paper (CharlieDinh/pFedMe at caf24b1, PFLlib, FL-bench): their inner
+solver adds an L2 term mu theta (mu = 0.001) that Eq. 3 does not have, and their server weighs the
+uploads by training-set size where Eq. 9 takes the uniform mean; both follow the paper here. Their
+personalised accuracy is not theta_i's: the authors' client stores the optimiser's own parameter
+list, which after the w_i update holds w_i, and has every client train every round; PFLlib's, the
+same list read after the server sends the new global model, holds w. A client's LM here is the
+paper's theta_i as its last sampled round left it.
 """
 
 from __future__ import annotations

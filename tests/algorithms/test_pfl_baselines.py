@@ -149,6 +149,38 @@ def test_per_fedavg_personalises_with_one_step_from_the_global_model(tmp_path):
     assert all(c.lm_correct is not None and c.gm_correct is not None for c in report.clients)
 
 
+def test_per_fedavg_newcomers_adapt_by_the_one_step_of_a_new_user(tmp_path):
+    """A newcomer (eval.new_clients) is the paper's new user: the meta-model after one alpha step
+    on a batch of its own data (w - alpha grad, written out here), not epochs of fine-tuning."""
+    import torch
+    import torch.nn.functional as F
+
+    from raysim.models import get_weights
+    from raysim.toolkit.context import ClientContext
+
+    newcomers = {"eval.new_clients": 0.25, "eval.new_client_epochs": 3}
+    ex = _executor(tmp_path, "perfedavg", **{"algo.alpha": 0.05, **newcomers})
+    run_round(ex, 1, list(ex.cfg.training_clients)[:4])
+    evaluation = ex.server.evaluation()
+    (newcomer, *_) = ex.cfg.new_clients
+    ctx = ClientContext(ex.runtime, newcomer, 1)
+    samples = ctx.samples_trained
+    adapted = get_weights(evaluation.newcomer_model(ex.runtime.algo, ctx), GLOBAL_PARTS)
+    ctx.load(evaluation.payload)
+    x, y = next(iter(ctx.batches(0, stream="adapt")))
+    params = [q for part in GLOBAL_PARTS for q in getattr(ctx.model, part).parameters()]
+    grads = torch.autograd.grad(F.cross_entropy(ctx.model(x), y), params)
+    with torch.no_grad():
+        for q, g in zip(params, grads, strict=True):
+            q.sub_(0.05 * g)
+    want = get_weights(ctx.model, GLOBAL_PARTS)
+    for part in GLOBAL_PARTS:
+        np.testing.assert_allclose(adapted.part(part), want.part(part), rtol=1e-5, atol=1e-7)
+    assert ctx.samples_trained == samples  # no epochs of fine-tuning
+    report = ex.evaluate(1)
+    assert {c.client for c in report.clients if c.new and c.lm_correct is not None} == set(ex.cfg.new_clients)
+
+
 # ---------------------------------------------------------------------------------------- pFedMe
 
 
