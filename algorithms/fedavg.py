@@ -10,9 +10,11 @@ on :class:`AveragedWeights` takes the setting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
 
 from algorithms.base import Algorithm, Evaluation, register
 from raysim.capabilities.asynchronous import Asynchronous
@@ -20,7 +22,7 @@ from raysim.capabilities.batching import Batching, train_received
 from raysim.capabilities.finetune import FineTune
 from raysim.capabilities.presum import Presum
 from raysim.capabilities.regularizers import Regularizable
-from raysim.capabilities.server_opt import OptState, ServerOptimizer, server_step
+from raysim.capabilities.server_opt import DEFAULTS, OptState, ServerOptimizer, server_step, statistics_masks
 from raysim.toolkit.aggregate import average_uploads
 from raysim.weights import GLOBAL_PARTS, ModelWeights
 from raysim.wire import ClientResult, Job, JobResult, ServerContext, WeightsPayload
@@ -68,8 +70,20 @@ class AveragedWeights(Algorithm[GlobalState]):
     #: algo.server_opt: the server steps from the average with an optimiser (FedAvg's own by default)
     server_opt = ServerOptimizer()
 
+    #: each shared part's BatchNorm running-statistics entries, which a server optimiser leaves at
+    #: the average (:func:`raysim.capabilities.server_opt.statistics_masks`; None without BatchNorm
+    #: or with FedAvg's own step)
+    statistics: Mapping[str, np.ndarray] | None = None
+
     def init(self, ctx: ServerContext) -> GlobalState:
+        self.note_statistics(ctx)
         return GlobalState(ctx.init_weights.select(self.shared_parts))
+
+    def note_statistics(self, ctx: ServerContext) -> None:
+        """Where a server optimiser steps the average (``algo.server_opt`` other than FedAvg's own),
+        which of the shared entries are a BatchNorm layer's running statistics (:attr:`statistics`)."""
+        if ServerOptimizer.applies(self) and not ServerOptimizer.of(self).settings(self.cfg, self).plain:
+            self.statistics = statistics_masks(ctx, self.shared_parts)
 
     def started_from(self, state: GlobalState) -> ModelWeights:
         """The shared weights a client starting now downloads (an async update is rebased from them)."""
@@ -86,7 +100,7 @@ class AveragedWeights(Algorithm[GlobalState]):
         opt = ServerOptimizer.of(self).settings(self.cfg, self)
         if opt.plain:  # FedAvg's step: the average itself
             return GlobalState(average)
-        return GlobalState(*server_step(state.weights, average, state.opt, opt))
+        return GlobalState(*server_step(state.weights, average, state.opt, opt, self.statistics))
 
     def evaluation(self, state: GlobalState) -> Evaluation:
         return Evaluation(state.weights)
@@ -122,7 +136,7 @@ class FedAvgM(FedAvg):
     """FedAvgM (Hsu, Qi and Brown 2019, Sec. 3): FedAvg with server momentum beta = 0.9 at rate 1."""
     family = "global"
 
-    server_opt = ServerOptimizer("sgdm", lr=1.0, momentum=0.9)
+    server_opt = DEFAULTS["sgdm"]
 
 
 @register("fedadam")
@@ -130,7 +144,7 @@ class FedAdam(FedAvg):
     """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): eta 10^-2.5, beta1 0.9, beta2 0.99, tau 1e-4."""
     family = "global"
 
-    server_opt = ServerOptimizer("adam", lr=10**-2.5, tau=1e-4)
+    server_opt = DEFAULTS["adam"]
 
 
 @register("fedyogi")
@@ -138,7 +152,7 @@ class FedYogi(FedAvg):
     """FedYogi (Reddi et al., ICLR 2021, Algorithm 2): eta 10^-2.5, beta1 0.9, beta2 0.99, tau 1e-4."""
     family = "global"
 
-    server_opt = ServerOptimizer("yogi", lr=10**-2.5, tau=1e-4)
+    server_opt = DEFAULTS["yogi"]
 
 
 @register("fedadagrad")
@@ -146,7 +160,7 @@ class FedAdagrad(FedAvg):
     """FedAdagrad (Reddi et al., ICLR 2021, Algorithm 2): eta 0.1, beta1 0.9, tau 1e-2."""
     family = "global"
 
-    server_opt = ServerOptimizer("adagrad", lr=0.1, tau=1e-2)
+    server_opt = DEFAULTS["adagrad"]
 
 
 __all__ = [

@@ -187,6 +187,7 @@ class FedDBE(AveragedWeights):
 
     # ---------------------------------------------------------------------------------------- server
     def init(self, ctx: ServerContext) -> DBEState:
+        self.note_statistics(ctx)
         return DBEState(ctx.init_weights.select(self.shared_parts))
 
     def plan(self, state: GlobalState, rnd: int, sampled: Sequence[int]) -> list[Job]:

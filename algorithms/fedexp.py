@@ -14,7 +14,10 @@ step and eta_g >= 1 always. ``epsilon`` (default 0.001, FedDr+'s Tables 6-7 and 
 setting) keeps the step bounded when the clients' updates cancel. The iterates oscillate, so the
 global model evaluated after round t >= 2 is the mean of the last two iterates,
 (w^t + w^{t-1}) / 2 (Sec. 5, as the authors' code evaluates), while w^t is what the clients receive.
-The norms run over every float array of the model (parameters and buffers).
+The norms and the extrapolation run over the model's parameters; a BatchNorm layer's running
+statistics (estimates, not parameters: extrapolated, a running variance could turn negative) take
+the round's mean of the uploads, as FedAvg's. The authors' models use GroupNorm, whose entries are
+all parameters.
 
 Where the authors' code differs from the paper's formula: it adds M * epsilon (not epsilon) to
 ||Delta||^2 and decays epsilon by the square of the learning-rate decay each round; we follow the
@@ -23,7 +26,7 @@ paper. Per round, ``fedexp_eta_g`` is logged (metrics table and TensorBoard).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +34,7 @@ import numpy as np
 from algorithms.base import Evaluation, register
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.capabilities.round_log import RoundLog
+from raysim.capabilities.server_opt import statistics_masks
 from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import ModelWeights, map_parts
@@ -48,20 +52,39 @@ class ExPState(GlobalState):
     eta_g: float = 1.0  # the last round's server step size
 
 
-def squared_norm(w: ModelWeights) -> float:
-    return float(sum(np.dot(a.astype(np.float64), a.astype(np.float64)) for _, a in w.items()))
+def squared_norm(w: ModelWeights, statistics: Mapping[str, np.ndarray] | None = None) -> float:
+    """||w||^2 over every entry but those ``statistics`` marks (running statistics)."""
+    total = 0.0
+    for name, a in w.items():
+        a = a.astype(np.float64)
+        if statistics is not None and name in statistics:
+            a = a[~statistics[name]]
+        total += float(np.dot(a, a))
+    return total
 
 
 def extrapolation_step(
-    current: ModelWeights, uploads: Sequence[ModelWeights], sizes: Sequence[float], epsilon: float
+    current: ModelWeights,
+    uploads: Sequence[ModelWeights],
+    sizes: Sequence[float],
+    epsilon: float,
+    statistics: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[ModelWeights, float]:
-    """(w^{t+1}, eta_g) from w^t and the round's uploads w_i with their training-set sizes."""
+    """(w^{t+1}, eta_g) from w^t and the round's uploads w_i with their training-set sizes; the
+    entries ``statistics`` marks (BatchNorm running statistics) count in no norm and take the mean
+    of the uploads, unextrapolated."""
     p = np.asarray(sizes, dtype=np.float64) / float(np.sum(sizes))
     mean = weighted_mean(uploads, list(p))
-    spread = sum(pi * squared_norm(subtract(current, w)) for pi, w in zip(p, uploads, strict=True))
+    spread = sum(pi * squared_norm(subtract(current, w), statistics) for pi, w in zip(p, uploads, strict=True))
     delta = subtract(current, mean)
-    eta_g = max(1.0, spread / (2.0 * (squared_norm(delta) + epsilon)))
-    return apply_updates(current, [delta], [eta_g]), eta_g
+    eta_g = max(1.0, spread / (2.0 * (squared_norm(delta, statistics) + epsilon)))
+    new = apply_updates(current, [delta], [eta_g])
+    if statistics:
+        parts = {name: new.part(name).copy() for name in new.part_names}
+        for name, mask in statistics.items():
+            parts[name][mask] = mean.part(name)[mask]
+        new = ModelWeights(**parts)
+    return new, eta_g
 
 
 @register("fedexp")
@@ -73,6 +96,7 @@ class FedExP(FedAvg):
     round_log = RoundLog()
 
     def init(self, ctx: ServerContext) -> ExPState:
+        self.statistics = statistics_masks(ctx, self.shared_parts)
         return ExPState(ctx.init_weights.select(self.shared_parts))
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> ExPState:
@@ -81,7 +105,7 @@ class FedExP(FedAvg):
         if len(uploads) != len(finals):
             raise ValueError("every FedExP client uploads its weights")
         new, eta_g = extrapolation_step(
-            state.weights, uploads, [r.num_samples for r in finals], self.params.epsilon
+            state.weights, uploads, [r.num_samples for r in finals], self.params.epsilon, self.statistics
         )
         return ExPState(new, previous=state.weights if rnd > 1 else None, eta_g=eta_g)
 

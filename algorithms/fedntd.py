@@ -6,8 +6,10 @@ L = CE(q_l, y) + beta * L_NTD, with L_NTD = tau^2 * KL(q~_g^tau || q~_l^tau) and
 at temperature tau over the logits of the classes other than the true one (Eq. 4): the global
 model's knowledge of the classes a sample is *not* is kept, while the true class is learnt freely.
 The teacher is the received global model, frozen for the round; the server averages as FedAvg.
-``beta`` and ``tau`` default to (1, 3), FedDr+'s Tables 6-7 setting for FedNTD (the authors' code
-has the tau^2 factor and the batch-mean KL; see :func:`raysim.toolkit.distill.not_true_distillation`).
+``beta`` and ``tau`` default to (1, 3), FedDr+'s Tables 6-7 setting for FedNTD and the authors'
+``NTD_Loss`` class default (Lee-Gihun/FedNTD; their code has the tau^2 factor and the batch-mean
+KL; see :func:`raysim.toolkit.distill.not_true_distillation`); the configuration file they ship,
+``config/fedntd.json``, runs tau 1, as PFLlib's default does.
 """
 
 from __future__ import annotations

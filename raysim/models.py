@@ -33,6 +33,7 @@ __all__ = [
     "SplitModel",
     "StrictBatchNorm1d",
     "batch_norm_mask",
+    "statistics_mask",
     "WeightsLoader",
     "build_model",
     "float_tensors",
@@ -543,6 +544,18 @@ def batch_norm_mask(model: SplitModel, part: str) -> np.ndarray:
     mask.flags.writeable = False
     _bn_masks[module] = (lay, mask)
     return mask
+
+
+def statistics_mask(model: SplitModel, part: str) -> np.ndarray:
+    """Which entries of part ``part``'s flat array (:func:`get_part`) are floating-point buffers, not
+    parameters: the running statistics a BatchNorm layer estimates rather than learns (the
+    running mean and variance). A boolean array as long as the part's."""
+    module = model.part(part)
+    params = {id(t) for t in module.parameters()}
+    tensors = float_tensors(module)
+    if not tensors:
+        return np.zeros(0, bool)
+    return np.concatenate([np.full(t.numel(), id(t) not in params) for t in tensors])
 
 
 def get_part(model: SplitModel, part: str) -> np.ndarray:

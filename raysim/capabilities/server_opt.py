@@ -32,11 +32,19 @@ client rate of 0.01 does not survive. Any other algorithm whose aggregate is
 :class:`algorithms.fedavg.AveragedWeights`'s (FedProx, FedPer's body, Ditto's global model, MOON,
 FedBN's shared entries: :meth:`ServerOptimizer.applies`) takes ``algo.server_opt`` as a setting.
 Where the algorithm's own Config has a setting of the same name (MOON's and FedNTD's ``tau``, a
-temperature) the name stays the algorithm's, and the adaptivity is ``algo.server_tau``.
+temperature) the name stays the algorithm's, and the adaptivity is ``algo.server_tau``. An
+optimiser set on another algorithm (``algo.server_opt=adam`` on FedProx) takes that optimiser's
+registered defaults (:data:`DEFAULTS`: FedAdam's eta and tau for adam), not FedAvg's rate 1, under
+the settings given.
+
+Only parameters are stepped: on a model with BatchNorm, the layers' running mean and variance
+(estimates, not parameters; :func:`statistics_masks`) take the round's average, as under FedAvg.
+Reddi et al.'s models use GroupNorm, whose entries are all parameters.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,18 +114,54 @@ class ServerOptimizer(Capability):
         def pick(given: Any, default: Any) -> Any:
             return default if given is None else given
 
+        opt = pick(p.server_opt, self.opt)
+        # another optimiser than the algorithm's: its registered defaults (FedAdam's for adam, ...)
+        base = self if opt == self.opt else DEFAULTS[opt]
         return OptSettings(
-            pick(p.server_opt, self.opt), float(pick(p.server_lr, self.lr)), float(pick(p.server_momentum, self.momentum)),
-            float(pick(p.beta1, self.beta1)), float(pick(p.beta2, self.beta2)),
-            float(pick(p.server_tau if p.server_tau is not None else p.tau, self.tau)),
+            opt, float(pick(p.server_lr, base.lr)), float(pick(p.server_momentum, base.momentum)),
+            float(pick(p.beta1, base.beta1)), float(pick(p.beta2, base.beta2)),
+            float(pick(p.server_tau if p.server_tau is not None else p.tau, base.tau)),
         )  # fmt: skip
 
 
+#: each optimiser's defaults where an algorithm runs it other than by its registered name
+#: (``algo.server_opt=adam`` on FedProx takes FedAdam's): those of fedavgm, fedadam, fedyogi and
+#: fedadagrad (the module docstring), and FedAvg's own step for sgd
+DEFAULTS: dict[str, ServerOptimizer] = {
+    "sgd": ServerOptimizer(),
+    "sgdm": ServerOptimizer("sgdm", lr=1.0, momentum=0.9),
+    "adam": ServerOptimizer("adam", lr=10**-2.5, tau=1e-4),
+    "yogi": ServerOptimizer("yogi", lr=10**-2.5, tau=1e-4),
+    "adagrad": ServerOptimizer("adagrad", lr=0.1, tau=1e-2),
+}
+
+
+def statistics_masks(ctx: Any, parts: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """For a model with BatchNorm, each of ``parts``' running-statistics entries
+    (:func:`raysim.models.statistics_mask`), read from the model the server context builds; None
+    for a model without (whose every entry is a parameter: the server imports no PyTorch for it)."""
+    from raysim.registry import MODELS
+
+    if not MODELS.get(ctx.cfg.model).batch_norm:
+        return None
+    from raysim.models import statistics_mask
+
+    model = ctx.build_model()
+    masks = {p: statistics_mask(model, p) for p in parts}
+    return {p: m for p, m in masks.items() if m.any()} or None
+
+
 def server_step(
-    x: ModelWeights, y: ModelWeights, state: OptState | None, s: OptSettings
+    x: ModelWeights,
+    y: ModelWeights,
+    state: OptState | None,
+    s: OptSettings,
+    statistics: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[ModelWeights, OptState]:
     """One server step from the weights sent, ``x``, and the round's average, ``y`` (see the module
-    docstring): the new weights and the optimiser's new state."""
+    docstring): the new weights and the optimiser's new state. The entries ``statistics`` marks (a
+    BatchNorm layer's running mean and variance, :func:`statistics_masks`) are estimates, not
+    parameters: they take the average itself, and no optimiser steps them."""
     state = state or OptState()
     new_x, new_m, new_v = {}, {}, {}
     for n in x.part_names:
@@ -141,6 +185,8 @@ def server_step(
         else:  # adagrad
             v = v_prev + sq
         new_x[n], new_m[n], new_v[n] = xs + s.lr * m / (np.sqrt(v) + s.tau), m, v
+    for n, mask in (statistics or {}).items():
+        new_x[n][mask] = y.part(n)[mask]
 
     def weights(parts: dict[str, np.ndarray]) -> ModelWeights | None:
         return ModelWeights(**{n: a.astype(np.float32) for n, a in parts.items()}) if parts else None
@@ -150,4 +196,4 @@ def server_step(
     return out, OptState(weights(new_m), weights(new_v))
 
 
-__all__ = ["ADAPTIVE", "OPTIMIZERS", "OptSettings", "OptState", "ServerOptimizer", "server_step"]
+__all__ = ["ADAPTIVE", "DEFAULTS", "OPTIMIZERS", "OptSettings", "OptState", "ServerOptimizer", "server_step", "statistics_masks"]

@@ -125,6 +125,21 @@ def test_fedexp_step_is_its_formula_and_at_least_one():
     assert eta == pytest.approx(1.0 / (2 * 0.001)) and np.allclose(new.head, [1.0, 1.0])
 
 
+def test_fedexp_leaves_running_statistics_at_the_mean_and_out_of_its_norms():
+    """An entry marked as a BatchNorm running statistic counts in neither norm and takes the
+    uploads' mean: the step on the other entries is the one computed without it."""
+    from algorithms.fedexp import extrapolation_step
+
+    w = ModelWeights(head=np.array([1.0, 1.0, 0.5], np.float32))
+    uploads = [ModelWeights(head=np.array(v, np.float32)) for v in ([2.0, 1.0, 0.1], [0.0, 1.2, 0.3])]
+    stats = {"head": np.array([False, False, True])}
+    new, eta = extrapolation_step(w, uploads, [10, 30], 0.001, stats)
+    without, eta_without = extrapolation_step(_w(1.0, 1.0), [_w(2.0, 1.0), _w(0.0, 1.2)], [10, 30], epsilon=0.001)
+    assert eta == pytest.approx(eta_without, rel=1e-9) and eta > 1
+    np.testing.assert_allclose(new.head[:2], without.head, rtol=1e-6)
+    assert new.head[2] == pytest.approx(0.25 * 0.1 + 0.75 * 0.3)  # the mean, not 0.5 - eta (0.5 - mean)
+
+
 def test_fedexp_evaluates_the_mean_of_the_last_two_iterates(tmp_path):
     from algorithms.fedexp import ExPState
 

@@ -103,6 +103,45 @@ def test_a_setting_makes_any_averaging_algorithm_adaptive():
     np.testing.assert_allclose(one.weights.part("head"), _by_hand("adam", 0.05, tau=0.01, b2=0.9)[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("opt", ["adam", "yogi", "adagrad", "sgdm"])
+def test_an_optimiser_set_on_another_algorithm_takes_its_registered_defaults(opt):
+    """``algo.server_opt=adam`` on FedProx steps as FedAdam does (its eta and tau, not FedAvg's
+    rate 1, which moves every weight by about 1 in the first round); a given setting still wins."""
+    registered = {"adam": "fedadam", "yogi": "fedyogi", "adagrad": "fedadagrad", "sgdm": "fedavgm"}[opt]
+    set_here, _ = _round("fedprox", X, UPLOADS, SIZES, server_opt=opt)
+    theirs, _ = _round(registered, X, UPLOADS, SIZES)
+    np.testing.assert_array_equal(set_here.weights.part("head"), theirs.weights.part("head"))
+    given, _ = _round("fedprox", X, UPLOADS, SIZES, server_opt=opt, server_lr=0.05)
+    assert not np.array_equal(given.weights.part("head"), theirs.weights.part("head"))
+
+
+def test_the_running_statistics_of_batch_norm_take_the_average_and_no_step():
+    """On a model with BatchNorm, an optimiser steps the parameters only: the running mean and
+    variance (estimates) take the round's average, so a variance is never stepped below zero."""
+    import types
+
+    from raysim.capabilities.server_opt import DEFAULTS, server_step, statistics_masks
+    from raysim.models import build_model, get_part
+
+    model = build_model("cnn3p2_fmnist_bn", (1, 28, 28), 10, seed=0)
+    ctx = types.SimpleNamespace(cfg=types.SimpleNamespace(model="cnn3p2_fmnist_bn"), build_model=lambda: model)
+    masks = statistics_masks(ctx, ("extractor", "filter", "head"))
+    assert masks is not None and set(masks) == {"extractor", "filter"}
+    for part, mask in masks.items():  # exactly the BatchNorm layers' running mean and variance
+        stats = [b for m in model.part(part).modules() for n, b in m.named_buffers(recurse=False) if n.startswith("running")]
+        assert mask.sum() == sum(b.numel() for b in stats) > 0
+    x = ModelWeights(**{p: get_part(model, p) for p in masks})
+    rng = np.random.default_rng(0)
+    y = ModelWeights(**{p: (a + rng.normal(0, 0.5, a.shape)).astype(np.float32) for p, a in x.items()})
+    s = DEFAULTS["adam"].settings(tiny_config(algo="fedadam"), None)
+    stepped, _ = server_step(x, y, None, s, masks)
+    plain, _ = server_step(x, y, None, s)
+    for p, mask in masks.items():
+        np.testing.assert_array_equal(stepped.part(p)[mask], y.part(p)[mask])
+        np.testing.assert_array_equal(stepped.part(p)[~mask], plain.part(p)[~mask])
+    assert statistics_masks(types.SimpleNamespace(cfg=types.SimpleNamespace(model="cnn3p2_fmnist")), ("head",)) is None
+
+
 def test_the_optimisers_state_survives_a_checkpoint_exactly(tmp_path):
     from raysim import checkpoint
     from tests.engine.test_checkpoint import CtrlCAfter
