@@ -19,8 +19,8 @@ theta into its own local model theta_i.
   authors' s = 80, drawn from (seed, round, client), the same subset in the same order for every
   pass of the round, batches of ``train.batch_size`` with the last one partial where the subset
   does not divide, as the authors' ``DataLoader(..., drop_last=False)`` in ``ALA.py``; their subset
-  is a contiguous slice of the client's data from a random start, this one a random draw, the
-  paper's "randomly sample s% of the local training data"), the loss
+  is a contiguous slice of the client's data from a random start, this one a random draw of s%
+  of the samples, as the paper describes the subset), the loss
   cross-entropy of theta_hat with the model in training mode (BatchNorm on the batch's
   statistics, whose running values are put back afterwards). W starts at ones and is the client's own state between rounds (on
   its home worker: jobs are pinned).
