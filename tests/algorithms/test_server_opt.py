@@ -236,3 +236,25 @@ def test_fedbuffs_optimiser_settings_are_refused_in_one_sentence_where_they_do_n
     with pytest.raises(ConfigError, match=words) as err:
         validate(cfg)
     assert str(err.value).count(". ") == 0
+
+
+def test_fedadam_on_a_batch_norm_model_leaves_the_running_statistics_at_the_average(tmp_path):
+    """In a run: FedAdam's server keeps the clients' averaged running statistics and steps the
+    parameters (which end elsewhere than the average)."""
+    from raysim.engine.executors.serial import SerialExecutor
+    from raysim.engine.runner import prepare
+    from raysim.toolkit.aggregate import weighted_mean
+    from tests.conftest import run_round
+
+    cfg = tiny_config(
+        tmp_path, algo="fedadam", model="cnn3p2_fmnist_bn", participation=1.0, clients=4,
+        **{"data.synthetic.shape": [1, 28, 28], "data.synthetic.train_samples": 400, "train.drop_last": True},
+    )  # fmt: skip
+    ex = SerialExecutor(cfg, prepare(cfg))
+    masks = ex.server.algo.statistics
+    assert masks is not None and set(masks) == {"extractor", "filter"}
+    got = run_round(ex, 1, list(range(4)))
+    average = weighted_mean([r.weights for r in got], [r.num_samples for r in got])
+    for part, mask in masks.items():
+        np.testing.assert_allclose(ex.server.state.weights.part(part)[mask], average.part(part)[mask], rtol=1e-6)
+        assert not np.allclose(ex.server.state.weights.part(part)[~mask], average.part(part)[~mask])
