@@ -22,7 +22,10 @@ formed once, before training, from the clients' classifier weights after a local
   applied to one more client (:class:`algorithms.clustered.OneShotEvaluation`).
 
 Where the paper is silent we follow PACFL's public hierarchical clustering (which FedClust's
-clustering step mirrors). The paper tunes the threshold per dataset; the default 1.1 is our choice,
+clustering step mirrors) in its merging by threshold, but not in its linkage: PACFL's scripts and
+raysim's ``pacfl`` take weighted average linkage, FedClust's default here is complete linkage (our
+choice: every two members within the threshold). The paper tunes the threshold per dataset; the
+default 1.1 is our choice,
 measured on FMNIST Dir(0.1), 100 clients, cnn3p2_fmnist, E = 5, lr 0.01, seed 0: the distances
 between the warmed-up classifiers run from 0.11 to 2.10 (median 1.20), and complete linkage at 1.1
 forms 37 clusters (the largest of 27 clients) whose members' label distributions are close (mean

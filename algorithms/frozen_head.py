@@ -89,7 +89,9 @@ def drplus_setup(dataset: DatasetInfo, *, cifar10_lr: float, cifar100_lr: float,
     ``shard:2`` (choices). Other datasets: colour images with 100 classes or more take CIFAR-100's
     setup, other colour images CIFAR-10's, grey ones Fashion-MNIST's; the shards a client are a
     tenth of the classes (at least 2). Colour images train augmented (``data.augment=crop_flip``), as
-    FedDr+'s base code does; Fashion-MNIST does not."""
+    FedDr+'s base code for personalisation (FedBABU's) does; the base of its global-model table,
+    FedNTD's code, also applies Cutout of 16 pixels, which raysim does not have. Fashion-MNIST
+    trains unaugmented."""
     common: dict[str, Any] = {
         "clients": 100,
         "participation": 0.1,
@@ -137,7 +139,8 @@ def drplus_sources(dataset: DatasetInfo, *, rates: str) -> dict[str, Source]:
     }
     if colour:
         sources["data.augment"] = Choice(
-            "FedBABU's code, the paper's base: random crop (padding 4) and horizontal flip on CIFAR"
+            "FedBABU's code, the paper's base: random crop (padding 4) and horizontal flip on CIFAR "
+            "(FedNTD's code, the base of its global-model table, adds Cutout of 16 pixels, not here)"
         )
     return sources
 

@@ -1,9 +1,10 @@
 """Data augmentation of a client's training batches (``data.augment``), on the client, each batch
 from the client's own seeded stream, so that serial and Ray runs give the same numbers.
 
-``crop_flip``: the CIFAR augmentation of FedBABU's and FedNTD's code (the bases FedDr+ names) and of
-most pFL codes for CIFAR-size images, torchvision's ``RandomCrop(size, padding=4)`` then
-``RandomHorizontalFlip()``:
+``crop_flip``: the CIFAR augmentation of FedBABU's code (a base FedDr+ names) and of most pFL codes
+for CIFAR-size images, torchvision's ``RandomCrop(size, padding=4)`` then ``RandomHorizontalFlip()``
+(FedNTD's code, the base of FedDr+'s global-model table, adds Cutout of 16 pixels after these,
+which raysim does not have):
 
 - each image is padded with 4 zeros on every side and a window of its own size is cut out at an
   offset drawn uniformly from 0 to 8 in each direction;
