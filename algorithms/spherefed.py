@@ -38,8 +38,9 @@ re-implementation (classifier rows orthonormalised, frozen, no bias, scale 1):
 - The learning rates of FedDr+'s Tables 6-7 (0.55 on CIFAR-10, 6.5 on CIFAR-100) are in
   :meth:`SphereFed.paper_setup`; normalised features need large rates (FedDr+ App. C.4.1). They
   were tuned for a loss this module cannot see: with ``mse`` the per-output mean makes the initial
-  gradient about 5 times smaller than cross-entropy's on 10 classes and about 48 times smaller on
-  100, while FedDr+'s SphereFed rate stands to its own (dot-regression) rate by about the same
+  gradient about 5 times smaller than cross-entropy's on 10 classes and about 50 times smaller on
+  100 (at outputs near 0 its gradient in them has norm about 2/C a sample, cross-entropy's about
+  sqrt(1 - 1/C)), while FedDr+'s SphereFed rate stands to its own (dot-regression) rate by about the same
   ratio on both sets (1.57 and 1.3), which a loss averaged over C outputs would not give. So
   ``loss=ce`` may be the loss those rates fit; the default stays the third-party code's ``mse``.
 """
