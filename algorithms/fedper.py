@@ -17,6 +17,12 @@ training-set size; the ``head`` is personal and never leaves its client (kept on
   same either way; the upload grows by the head. (PFLlib's FedPer server aggregates only the
   uploaded bodies and evaluates only the personalised models: ``system/flcore/servers/
   serverper.py``, read at commit 0c46403.)
+
+FedRep's epochs do not follow E: its 10 + 1 are the authors' CIFAR-10 script's (their CIFAR-100
+script runs 10 + 5, PFLlib's default 1 + E), so at E = 1 a FedRep round trains 11 epochs a client
+(a results page's client-epochs column shows it). The authors' code also trains every client's head
+alone in its last round before the final evaluation; here a client never sampled keeps its initial
+head (at full participation the two agree).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Delta theta_i).
   (models with BatchNorm are refused); the hypernetwork and its optimiser's momentum are the server
   state, checkpointed with it.
 - Client (Algorithm 1, inner loop): it loads theta_i, trains the global path for ``inner_steps``
-  SGD steps (K; the run's ``train.lr``, ``train.momentum`` and ``train.weight_decay``, each step's
+  SGD steps (K; the run's ``train.lr``, ``train.momentum`` and ``train.weight_decay``, where the
+  authors' runs take inner rate 5e-3, momentum 0.9, weight decay 5e-5 and batches of 64; each step's
   gradient clipped to norm ``inner_grad_clip`` as the authors' ``clip_grad_norm_(net.parameters(),
   50)``) and uploads Delta theta_i = theta_i - theta_tilde_i. The paper writes Delta theta_i =
   theta_tilde_i - theta_i and steps against it; the authors' code (followed here) uploads the
