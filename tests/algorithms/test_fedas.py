@@ -60,6 +60,36 @@ def test_alignment_loss_sums_each_present_class_mean_squared_error_by_hand():
     assert float(alignment_loss(protos[y], y, protos)) == 0.0
 
 
+def test_the_class_mean_form_is_fl_benchs_the_per_sample_one_less_the_spread():
+    import torch
+
+    from algorithms.fedas import class_mean_alignment_loss
+
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    y = torch.tensor([1, 1, 3, 3, 3, 0, 1, 0, 3])
+    protos = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    zn, yn, pn = z.numpy(), y.numpy(), protos.numpy()
+    want = sum(float(np.mean((zn[yn == c].mean(axis=0) - pn[c]) ** 2)) for c in (0, 1, 3))
+    spread = sum(float(zn[yn == c].var(axis=0).mean()) for c in (0, 1, 3))
+    assert float(class_mean_alignment_loss(z, y, protos)) == pytest.approx(want, rel=1e-12)
+    assert float(alignment_loss(z, y, protos)) == pytest.approx(want + spread, rel=1e-12)
+
+
+def test_the_alignment_loss_setting_picks_the_form_the_body_is_aligned_on(tmp_path):
+    """alignment_loss=class_mean aligns on FL-bench's term: a different aligned body from the same
+    start, and the default is the authors' per-sample term."""
+    assert _executor(tmp_path / "d").runtime.algo.params.alignment_loss == "sample"
+    bodies = {}
+    for form in ("sample", "class_mean"):
+        ex = _executor(tmp_path / form, **{"algo.alignment_loss": form, "algo.alignment_epochs": 2})
+        run_round(ex, 1, [0, 1, 2, 3])
+        ctx = _context(ex, 0, 2)
+        ex.runtime.algo.align(ctx, ex.server.state.weights)
+        bodies[form] = ctx.weights(BODY)
+    assert not bodies["sample"].equals(bodies["class_mean"])
+
+
 def _class_mean(z, y, c):
     import torch
 
@@ -200,6 +230,9 @@ def test_serial_equals_ray(tmp_path, ray_local):
         ("alignment_lr", "fast"),
         ("alignment_epochs", -1),
         ("alignment_epochs", "one"),
+        ("alignment_loss", "samples"),
+        ("alignment_loss", "mean"),
+        ("alignment_loss", 1),
     ],
 )
 def test_a_mistyped_setting_is_refused_in_one_sentence(tmp_path, name, value):
