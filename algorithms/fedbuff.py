@@ -26,7 +26,8 @@ every update fresh (K = C, tau = 0) is FedAvg with uniform weights; ``algo.serve
 m, FLSim's) set the authors' values. ``algo.server_opt=adam|yogi|adagrad`` (with ``beta1``, ``beta2``
 and ``tau``) steps from the buffer's mean instead with FedOpt's adaptive optimisers (Reddi et al.,
 ICLR 2021, Algorithm 2; :mod:`raysim.capabilities.server_opt`): FedBuff with Adam is this setting.
-Its paper setup turns async mode on.
+Any step beyond the mean's (another rate, momentum, an adaptive optimiser) moves parameters only: a
+BatchNorm layer's running statistics take the buffer's mean. Its paper setup turns async mode on.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.capabilities.server_opt import OptSettings
+from raysim.capabilities.server_opt import OptSettings, statistics_masks
 from raysim.capabilities.server_opt import server_step as optimiser_step
 from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
@@ -119,6 +120,9 @@ class FedBuff(FedAvg):
             )
 
     def init(self, ctx: ServerContext) -> BuffState:
+        p = self.params
+        if p.server_opt != "sgd" or p.server_lr != 1.0 or p.server_momentum > 0:  # a step beyond the mean's
+            self.statistics = statistics_masks(ctx, self.shared_parts)
         return BuffState(ctx.init_weights.select(self.shared_parts))
 
     def aggregate(self, state: GlobalState, rnd: int, results: Sequence[JobResult]) -> BuffState:
@@ -128,9 +132,15 @@ class FedBuff(FedAvg):
         if p.server_opt != "sgd":  # FedOpt's step from the buffer's uniform mean
             mean, _ = server_step(state.weights, uploads, 1.0, 0.0, None)
             opt = OptSettings(p.server_opt, p.server_lr, 0.0, p.beta1, p.beta2, p.tau)
-            weights, state_opt = optimiser_step(state.weights, mean, state.opt, opt)
+            weights, state_opt = optimiser_step(state.weights, mean, state.opt, opt, self.statistics)
             return BuffState(weights, state_opt)
         weights, momentum = server_step(state.weights, uploads, p.server_lr, p.server_momentum, state.momentum)
+        if self.statistics:  # BatchNorm running statistics: the buffer's mean itself, not stepped
+            mean, _ = server_step(state.weights, uploads, 1.0, 0.0, None)
+            parts = {n: weights.part(n).copy() for n in weights.part_names}
+            for n, mask in self.statistics.items():
+                parts[n][mask] = mean.part(n)[mask]
+            weights = ModelWeights(**parts)
         return BuffState(weights, momentum=momentum)
 
 

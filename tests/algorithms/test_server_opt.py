@@ -222,6 +222,41 @@ def test_fedbuff_with_adam_steps_from_its_buffers_uniform_mean():
     np.testing.assert_allclose(two.weights.part("head"), want[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("params", [{"server_opt": "adam", "server_lr": 0.1}, {"server_lr": 2.0, "server_momentum": 0.5}])
+def test_fedbuffs_step_leaves_marked_running_statistics_at_the_buffers_mean(params):
+    """FedBuff with a step beyond the mean (Adam's, or sgd at another rate with momentum): the
+    entries marked as BatchNorm running statistics take the buffer's uniform mean, the others the
+    step as without the marks."""
+    from algorithms.fedbuff import BuffState
+
+    cfg = validate(tiny_config(algo="fedbuff", **{"deployment.mode": "async", **{f"algo.{k}": v for k, v in params.items()}})).cfg
+    plain, marked = make_algorithm(cfg), make_algorithm(cfg)
+    marked.statistics = {"head": np.array([False, True, False, True])}
+    results = _uploads(UPLOADS, SIZES)
+    start = BuffState(ModelWeights(head=X.astype(np.float32)))
+    want = plain.aggregate(start, 1, results).weights.part("head")
+    got = marked.aggregate(start, 1, results).weights.part("head")
+    mean = np.mean([u.astype(np.float32) for u in UPLOADS], axis=0)
+    np.testing.assert_allclose(got[[1, 3]], mean[[1, 3]], rtol=1e-6)
+    np.testing.assert_array_equal(got[[0, 2]], want[[0, 2]])
+    assert not np.allclose(want[[1, 3]], mean[[1, 3]])  # the step would have moved them
+    # on a BatchNorm model its init marks them; with FedBuff's plain step there is nothing to mark
+    import types
+
+    from raysim.models import build_model, get_part
+
+    model = build_model("cnn3p2_fmnist_bn", (1, 28, 28), 10, seed=0)
+    for given, marks in ((params, True), ({}, False)):
+        bn = dataclasses.replace(
+            validate(tiny_config(algo="fedbuff", **{"deployment.mode": "async", **{f"algo.{k}": v for k, v in given.items()}})).cfg,
+            model="cnn3p2_fmnist_bn",
+        )
+        algo = make_algorithm(bn)
+        weights = ModelWeights(**{p: get_part(model, p) for p in ("extractor", "filter", "head")})
+        algo.init(types.SimpleNamespace(cfg=bn, build_model=lambda: model, init_weights=weights))
+        assert (algo.statistics is not None and set(algo.statistics) == {"extractor", "filter"}) == marks
+
+
 @pytest.mark.parametrize(
     ("params", "words"),
     [
