@@ -40,7 +40,7 @@ import numpy as np
 
 from algorithms.base import register
 from algorithms.fedavg import FedAvg, GlobalState
-from raysim.capabilities.server_opt import OptSettings, statistics_masks
+from raysim.capabilities.server_opt import OptSettings, keep_statistics, statistics_masks
 from raysim.capabilities.server_opt import server_step as optimiser_step
 from raysim.config import ExperimentConfig, setting
 from raysim.errors import ConfigError
@@ -136,11 +136,7 @@ class FedBuff(FedAvg):
             return BuffState(weights, state_opt)
         weights, momentum = server_step(state.weights, uploads, p.server_lr, p.server_momentum, state.momentum)
         if self.statistics:  # BatchNorm running statistics: the buffer's mean itself, not stepped
-            mean, _ = server_step(state.weights, uploads, 1.0, 0.0, None)
-            parts = {n: weights.part(n).copy() for n in weights.part_names}
-            for n, mask in self.statistics.items():
-                parts[n][mask] = mean.part(n)[mask]
-            weights = ModelWeights(**parts)
+            weights = keep_statistics(weights, server_step(state.weights, uploads, 1.0, 0.0, None)[0], self.statistics)
         return BuffState(weights, momentum=momentum)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from algorithms.base import Evaluation, register
 from algorithms.fedavg import FedAvg, GlobalState
 from raysim.capabilities.round_log import RoundLog
-from raysim.capabilities.server_opt import statistics_masks
+from raysim.capabilities.server_opt import keep_statistics, statistics_masks
 from raysim.config import setting
 from raysim.toolkit.aggregate import apply_updates, subtract, weighted_mean
 from raysim.weights import ModelWeights, map_parts
@@ -78,13 +78,7 @@ def extrapolation_step(
     spread = sum(pi * squared_norm(subtract(current, w), statistics) for pi, w in zip(p, uploads, strict=True))
     delta = subtract(current, mean)
     eta_g = max(1.0, spread / (2.0 * (squared_norm(delta, statistics) + epsilon)))
-    new = apply_updates(current, [delta], [eta_g])
-    if statistics:
-        parts = {name: new.part(name).copy() for name in new.part_names}
-        for name, mask in statistics.items():
-            parts[name][mask] = mean.part(name)[mask]
-        new = ModelWeights(**parts)
-    return new, eta_g
+    return keep_statistics(apply_updates(current, [delta], [eta_g]), mean, statistics), eta_g
 
 
 @register("fedexp")

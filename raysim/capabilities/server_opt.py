@@ -151,6 +151,19 @@ def statistics_masks(ctx: Any, parts: Sequence[str]) -> dict[str, np.ndarray] | 
     return {p: m for p, m in masks.items() if m.any()} or None
 
 
+def keep_statistics(
+    stepped: ModelWeights, average: ModelWeights, statistics: Mapping[str, np.ndarray] | None
+) -> ModelWeights:
+    """``stepped`` with the entries ``statistics`` marks (:func:`statistics_masks`) taken from
+    ``average``: a server's step past the average moves parameters, not running statistics."""
+    if not statistics:
+        return stepped
+    parts = {n: stepped.part(n).copy() for n in stepped.part_names}
+    for n, mask in statistics.items():
+        parts[n][mask] = average.part(n)[mask]
+    return ModelWeights(**parts)
+
+
 def server_step(
     x: ModelWeights,
     y: ModelWeights,
@@ -185,15 +198,13 @@ def server_step(
         else:  # adagrad
             v = v_prev + sq
         new_x[n], new_m[n], new_v[n] = xs + s.lr * m / (np.sqrt(v) + s.tau), m, v
-    for n, mask in (statistics or {}).items():
-        new_x[n][mask] = y.part(n)[mask]
 
     def weights(parts: dict[str, np.ndarray]) -> ModelWeights | None:
         return ModelWeights(**{n: a.astype(np.float32) for n, a in parts.items()}) if parts else None
 
     out = weights(new_x)
     assert out is not None
-    return out, OptState(weights(new_m), weights(new_v))
+    return keep_statistics(out, y, statistics), OptState(weights(new_m), weights(new_v))
 
 
-__all__ = ["ADAPTIVE", "DEFAULTS", "OPTIMIZERS", "OptSettings", "OptState", "ServerOptimizer", "server_step", "statistics_masks"]
+__all__ = ["ADAPTIVE", "DEFAULTS", "OPTIMIZERS", "OptSettings", "OptState", "ServerOptimizer", "keep_statistics", "server_step", "statistics_masks"]
