@@ -23,7 +23,9 @@ its clients use (as PFLlib's leaderboard ranks FedAvg among the personalised met
 none of them follows the others, sorted by its first metric present. Each table's last column is
 the client epochs each row spent. Each table's rows whose every accuracy shown is within 5 points
 of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or learned
-nothing, which a reader of a leaderboard must not take for a ranking.
+nothing, which a reader of a leaderboard must not take for a ranking. So are the trials whose
+training loss is not finite at their last evaluation, by seed: a row whose one seed diverged can
+sit far from chance in the mean over seeds, and its rank then says nothing either.
 """
 
 from __future__ import annotations
@@ -130,12 +132,33 @@ def _client_epochs(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {c: sum(v) / len(v) for c, v in by_config.items()}
 
 
+def _diverged(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], int]]:
+    """Each configuration's seeds whose training loss is not finite (NaN or infinite) at the
+    trial's last evaluated round, and its number of seeds: {} where none diverged. A trial with no
+    training loss at that round (None) is not counted either way."""
+    import math
+
+    last: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for r in rows:
+        key = (str(r["config"]), int(r["seed"]))
+        if key not in last or r["round"] > last[key]["round"]:
+            last[key] = r
+    seeds: dict[str, list[int]] = {}
+    out: dict[str, list[int]] = {}
+    for (config, seed), r in sorted(last.items()):
+        seeds.setdefault(config, []).append(seed)
+        loss = r.get("train_loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            out.setdefault(config, []).append(seed)
+    return {c: (s, len(seeds[c])) for c, s in out.items()}
+
+
 def regime_sections(
     regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None, rows: Sequence[Mapping[str, Any]] = ()
 ) -> list[str]:
     """The page's section: a table per regime, its rows sorted by the first of ``regimes.sort`` each
     has (descending), the final values mean ± std over seeds, in %, and the compute each row spent;
-    beneath each, the rows near chance. ``rows``: the suite's ``metrics.parquet`` rows, which the
+    beneath each, the rows near chance and the trials that diverged. ``rows``: the suite's ``metrics.parquet`` rows, which the
     ``*_p10`` metrics and the client epochs are read from."""
     from raysim.results.report import MISSING
 
@@ -160,6 +183,7 @@ def regime_sections(
         "",
     ]
     configs = _with_worst(summary, rows, [*regimes.metrics, *regimes.sort])
+    diverged = _diverged(rows)
     for suffix, title in regimes.suffixes:
         members = []
         for c in configs:
@@ -184,7 +208,7 @@ def regime_sections(
             "| | " + " | ".join(regimes.metrics) + (" | client epochs |" if spent else " |"),
             "|---|" + "---|" * (len(regimes.metrics) + bool(spent)),
         ]
-        near = []
+        near, lost = [], []
         for name, c in members:
             values = [c["mean"].get(m) for m in regimes.metrics]
             cells = [
@@ -198,6 +222,9 @@ def regime_sections(
             shown = [float(v) for v in values if v is not None]
             if chance is not None and shown and all(v < chance + NEAR_CHANCE for v in shown):
                 near.append(name)
+            if str(c["config"]) in diverged:
+                bad, of = diverged[str(c["config"])]
+                lost.append(f"{name} (seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} of {of})")
         parts.append("")
         if near and chance is not None:
             parts += [
@@ -205,6 +232,8 @@ def regime_sections(
                 f"{100 * NEAR_CHANCE:.0f} points of it): {', '.join(near)}.",
                 "",
             ]
+        if lost:
+            parts += [f"Diverged (training loss not finite at the last evaluation): {', '.join(lost)}.", ""]
     return parts
 
 

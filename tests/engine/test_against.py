@@ -195,3 +195,33 @@ def test_each_regime_row_is_sorted_by_the_first_sort_metric_it_has() -> None:
     assert order("lm_ptest") == ["local", "fedper", "fedavg"]
     assert order(["lm_ptest", "gm_ptest"]) == ["local", "fedavg", "fedper"]
     assert order(["gm_ptest"]) == ["fedavg", "local", "fedper"]  # rows with none: by their first metric present
+
+
+def test_the_trials_whose_training_loss_is_not_finite_are_named_by_seed_beneath_their_regime() -> None:
+    """One seed of FedAS diverged (NaN from its second evaluation on): its row's mean stays far from
+    chance, so only the per-seed check names it; a loss that was NaN and finite again by the last
+    evaluation, an infinite one, and a trial without a training loss are read at the last round."""
+    from raysim.suite.regimes import regime_sections
+
+    nan, inf = float("nan"), float("inf")
+
+    def config(name: str, lm: float) -> dict:
+        return {"config": name, "seeds": [0, 1], "mean": {"lm_ptest": lm}, "std": {"lm_ptest": 0.0}}
+
+    summary = {"configs": [config("fedas_inf", 0.52), config("feddbe_inf", 0.10), config("fedper_inf", 0.9), config("local_inf", 0.9)]}
+    losses = {
+        ("fedas_inf", 0): (0.3, 0.2), ("fedas_inf", 1): (0.3, nan),
+        ("feddbe_inf", 0): (nan, nan), ("feddbe_inf", 1): (0.5, inf),
+        ("fedper_inf", 0): (nan, 0.4), ("fedper_inf", 1): (0.5, 0.4),
+        ("local_inf", 0): (None, None), ("local_inf", 1): (0.5, 0.4),
+    }  # fmt: skip
+    rows = [
+        {"config": c, "seed": s, "round": rnd, "train_loss": loss, "lm_ptest": 0.5}
+        for (c, s), pair in losses.items()
+        for rnd, loss in zip((10, 5), pair[::-1], strict=True)  # the last round first: order is the round's
+    ]
+    regimes = parse_regimes({"suffixes": {"inf": "no DP"}, "metrics": ["lm_ptest"]}, CONFIGS, "x")
+    block = "\n".join(regime_sections(regimes, summary, 10, rows))
+    assert "Diverged (training loss not finite at the last evaluation): fedas (seed 1 of 2), feddbe (seeds 0, 1 of 2)." in block
+    assert block.count("Diverged") == 1 and "Near chance (10% for 10 classes; every accuracy shown within 5 points of it): feddbe." in block
+    assert "Diverged" not in "\n".join(regime_sections(regimes, summary, 10, [r for r in rows if r["config"] == "local_inf"]))
