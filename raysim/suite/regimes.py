@@ -118,16 +118,22 @@ def _with_worst(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], m
     return out
 
 
-def _client_epochs(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Each configuration's compute: the clients' local epochs summed over its trial
-    (``client_epochs`` at its last evaluated round), mean over its seeds; {} without the column."""
+def _last_rows(rows: Sequence[Mapping[str, Any]], column: str | None = None) -> dict[tuple[str, int], Mapping[str, Any]]:
+    """Each trial's (configuration, seed) last evaluated row, by round; with ``column``, the last of
+    the rows where it is not None."""
     last: dict[tuple[str, int], Mapping[str, Any]] = {}
     for r in rows:
         key = (str(r["config"]), int(r["seed"]))
-        if r.get("client_epochs") is not None and (key not in last or r["round"] > last[key]["round"]):
+        if (column is None or r.get(column) is not None) and (key not in last or r["round"] > last[key]["round"]):
             last[key] = r
+    return last
+
+
+def _client_epochs(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each configuration's compute: the clients' local epochs summed over its trial
+    (``client_epochs`` at its last evaluated round), mean over its seeds; {} without the column."""
     by_config: dict[str, list[float]] = {}
-    for (config, _), r in last.items():
+    for (config, _), r in _last_rows(rows, "client_epochs").items():
         by_config.setdefault(config, []).append(float(r["client_epochs"]))
     return {c: sum(v) / len(v) for c, v in by_config.items()}
 
@@ -138,14 +144,9 @@ def _diverged(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], i
     training loss at that round (None) is not counted either way."""
     import math
 
-    last: dict[tuple[str, int], Mapping[str, Any]] = {}
-    for r in rows:
-        key = (str(r["config"]), int(r["seed"]))
-        if key not in last or r["round"] > last[key]["round"]:
-            last[key] = r
     seeds: dict[str, list[int]] = {}
     out: dict[str, list[int]] = {}
-    for (config, seed), r in sorted(last.items()):
+    for (config, seed), r in sorted(_last_rows(rows).items()):
         seeds.setdefault(config, []).append(seed)
         loss = r.get("train_loss")
         if loss is not None and not math.isfinite(float(loss)):
