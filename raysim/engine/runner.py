@@ -158,11 +158,21 @@ def machine() -> dict[str, Any]:
 
 class StopRequest:
     """Ctrl-C (SIGINT) during a run asks it to stop at the next round boundary, with a checkpoint;
-    a second Ctrl-C interrupts at once. Only in the main thread (where Python delivers signals)."""
+    a second Ctrl-C interrupts at once. Only in the main thread (where Python delivers signals);
+    ``asked``, where given, is asked at each round's end (:meth:`poll`) and asks the same stop when
+    it answers True (a suite's Ctrl-C reaching its trials, which run in no main thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, asked: Callable[[], bool] | None = None) -> None:
         self.requested = False
+        self.asked = asked
         self._previous: Any = None
+
+    def poll(self) -> bool:
+        """Whether the run is to stop after this round: Ctrl-C's request, or ``asked``'s."""
+        if not self.requested and self.asked is not None and self.asked():
+            self.requested = True
+            log.warning("asked to stop: stopping after this round, with a checkpoint")
+        return self.requested
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -308,11 +318,13 @@ def run_experiment(
     *,
     data: FederatedData | None = None,
     resume: Checkpoint | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Run the experiment from round 1 (or on from the checkpoint ``resume``) to its last round, or
     until a callback stops it (:class:`~raysim.results.output.Reply`); write the run directory, with
     a checkpoint every ``output.checkpoint_every`` rounds and when stopped by Ctrl-C or a failure;
-    return the metrics. ``callbacks`` are told after the run's own measures (the target, the
+    return the metrics. ``stop_when`` is asked at the end of each round; True stops the run as
+    Ctrl-C does, after that round with a checkpoint (``stopped`` in the result), from any thread. ``callbacks`` are told after the run's own measures (the target, the
     features) and before its writers (the tables, TensorBoard, the trackers, the checkpoints), so
     that the metrics they reply are written. A bare config is checked here; an :class:`Experiment`
     (from :func:`raysim.engine.experiment.validate`) was checked already."""
@@ -328,6 +340,7 @@ def run_experiment(
         picture.wait()
         raise
     loop = Loop.of(exp, executor, run_dir, resume)
+    loop.ctrl_c = StopRequest(stop_when)
     loop.callbacks = Callbacks(in_order(exp, loop, users, resume))
     setup_time, startup, shutdown = time.perf_counter() - t0, 0.0, 0.0
     try:
@@ -514,9 +527,9 @@ def _row(
 
 class Checkpointer(BaseCallback):
     """``RUN_DIR/checkpoint.pkl`` after every ``output.checkpoint_every``-th round and after the
-    round in which Ctrl-C was pressed, which it then stops the run after (a Ctrl-C in the prologue
-    stops after round 1). Told last, once the round is complete and its row too: at ``on_eval``
-    for an evaluated round, else at ``on_round``."""
+    round in which Ctrl-C was pressed (or ``stop_when`` answered True), which it then stops the
+    run after (a Ctrl-C in the prologue stops after round 1). Told last, once the round is
+    complete and its row too: at ``on_eval`` for an evaluated round, else at ``on_round``."""
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
@@ -528,7 +541,7 @@ class Checkpointer(BaseCallback):
         return self._save(rnd)
 
     def _save(self, rnd: int) -> Reply | None:
-        every, stop = self.loop.cfg.output.checkpoint_every, self.loop.ctrl_c.requested
+        every, stop = self.loop.cfg.output.checkpoint_every, self.loop.ctrl_c.poll()
         if stop or (every > 0 and rnd % every == 0):
             checkpoint_mod.save(self.loop.run_dir, self.loop.checkpoint())
         return Reply(stop=True) if stop else None

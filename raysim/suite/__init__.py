@@ -14,9 +14,10 @@ directory: Parquet tables, TensorBoard, config, checkpoints), ``tune/`` (Tune's 
 ``--resume``), and once the trials are done ``metrics.parquet`` (every trial's rows, with their
 configuration and seed), ``summary.json`` (per configuration the mean and std over seeds of the
 final, best and last-k metrics) and ``report.md`` with curves banded over seeds
-(:mod:`raysim.results.report`). An interrupted suite (Ctrl-C, a lost driver) is finished by
-:func:`run_suite` with ``resume=True`` (Tune's restore): finished trials are not run again, and the
-ones that were running go on from their raysim checkpoint.
+(:mod:`raysim.results.report`). An interrupted suite (Ctrl-C, which stops each running trial at
+the end of its round with a checkpoint, or a lost driver) is finished by :func:`run_suite` with
+``resume=True`` (Tune's restore): finished trials are not run again, and the ones that were running
+go on from their raysim checkpoint.
 
 The run directories must be reachable from every node that runs a trial (one machine, or a shared
 file system on a cluster), as the trials write them and the driver collects them.

@@ -5,11 +5,17 @@ not) stopped early by its schedulers."""
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import json
 import logging
 import os
+import shutil
+import signal
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: in a trial's run directory: the sentence that refused it, found only with its data
 REFUSED_FILE = "refused.txt"
+#: in the suite directory while a Ctrl-C'd suite waits for its running trials to end their round
+STOP_FILE = "stopping"
+#: in the suite directory: a file per trial inside its run (its name), gone when the run returns
+LIVE_DIR = "live"
 
 
 def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str, float]]:
@@ -73,6 +83,9 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     if (run_dir / "summary.json").exists():  # finished before the suite was stopped: keep it
         tune.report(json.loads((run_dir / "summary.json").read_text())["final"])
         return
+    stopping = root / STOP_FILE
+    if stopping.exists():  # begun as the suite stops: it begins at --resume
+        _wait_for_the_end()
     resume = None
     if (run_dir / checkpoint_mod.CHECKPOINT_FILE).exists():
         resume = checkpoint_mod.load(run_dir)
@@ -82,13 +95,124 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     )
     with open(root / STARTS_FILE, "a") as f:
         f.write(f"{name} {'resume' if resume else 'start'} {time.time():.3f} {os.getpid()}\n")
+    live = root / LIVE_DIR / name
+    live.parent.mkdir(exist_ok=True)
+    live.write_text(f"{socket.gethostname()} {os.getpid()}")
     try:
-        run_experiment(exp, [TuneReporter()], resume=resume)
+        result = run_experiment(exp, [TuneReporter()], resume=resume, stop_when=stopping.exists)
     except ConfigError as e:  # what only the data tells (an impossible partition): the suite ends with it
         (run_dir / REFUSED_FILE).write_text(str(e))
         return
+    finally:
+        live.unlink(missing_ok=True)
+    if result.stopped:  # by the suite's Ctrl-C, after a round, with its checkpoint: it goes on at --resume
+        # the run's summary says so (stopped), but in a suite a trial's summary.json is its end
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        _wait_for_the_end()
     with open(root / STARTS_FILE, "a") as f:  # its end: the page's elapsed time reads it, not file times
         f.write(f"{name} end {time.time():.3f} {os.getpid()}\n")
+
+
+def _wait_for_the_end() -> None:
+    """A trial stopped by the suite's Ctrl-C holds its place until Tune ends the stopped suite (which
+    ends its process): a trial that returned would be a finished one to Tune, never resumed, and
+    its resources would go to a trial not yet begun."""
+    while True:
+        time.sleep(60)
+
+
+#: Tune's setting that leaves Ctrl-C to the caller of its run
+_TUNE_SIGINT = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+class GracefulStop:
+    """A suite's Ctrl-C, while Tune runs its trials (in the main thread): each running trial stops
+    at the end of its round with a checkpoint (the run's own Ctrl-C, asked through ``STOP_FILE``),
+    and no trial begins; once none is left inside its run (``LIVE_DIR`` empty), Tune is stopped as
+    its own Ctrl-C stops it, saving the trials as running, so --resume goes on from those
+    checkpoints. A second Ctrl-C stops Tune at once (the trials then go on from their last periodic
+    checkpoint)."""
+
+    def __init__(self, suite_dir: Path) -> None:
+        self.stopping, self.live = suite_dir / STOP_FILE, suite_dir / LIVE_DIR
+        self._previous: Any = None
+        self._tune_handler: str | None = None
+        self._done = threading.Event()
+
+    def __enter__(self) -> GracefulStop:
+        self._clear()  # what a suite killed outright left
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            # Tune's run would put its own Ctrl-C in place of this one (and does where this is off)
+            self._tune_handler = os.environ.get(_TUNE_SIGINT)
+            os.environ[_TUNE_SIGINT] = "1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            if self._tune_handler is None:
+                os.environ.pop(_TUNE_SIGINT, None)
+            else:
+                os.environ[_TUNE_SIGINT] = self._tune_handler
+        self._clear()
+
+    def _clear(self) -> None:
+        self.stopping.unlink(missing_ok=True)
+        if self.live.is_dir():
+            shutil.rmtree(self.live, ignore_errors=True)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.stopping.exists():
+            log.warning("Ctrl-C again: stopping the suite now")
+            self._stop_tune()
+            return
+        self.stopping.touch()
+        log.warning(
+            "Ctrl-C: the running trials (%d) stop after their round, each with a checkpoint, and no "
+            "trial begins (Ctrl-C again stops at once)",
+            sum(1 for _ in self._running()),
+        )
+        threading.Thread(target=self._until_none_is_running, name="raysim-suite-stop", daemon=True).start()
+
+    def _until_none_is_running(self) -> None:
+        while not self._done.wait(0.5):
+            if not any(self._running()):
+                self._stop_tune()
+                return
+
+    def _running(self) -> Iterator[Path]:
+        """The trials inside their run: a file in ``LIVE_DIR`` each, but for one whose process on
+        this machine is gone (a trial an early-stopping scheduler ended mid-report, whose actor Tune
+        then ended, never removed its file)."""
+        host = socket.gethostname()
+        for path in self.live.glob("*") if self.live.is_dir() else ():
+            try:
+                where, pid = path.read_text().split()
+            except (OSError, ValueError):
+                continue
+            if where != host or _alive(int(pid)):
+                yield path
+
+    def _stop_tune(self) -> None:
+        """Tune's own stop (SIGUSR1, which Tune's run handles as its Ctrl-C: the experiment's state
+        saved with the running trials as running), else a KeyboardInterrupt in the main thread."""
+        handler = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
+        if callable(handler):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        else:
+            _thread.interrupt_main()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def suite_store(suite_dir: Path) -> str:
@@ -241,7 +365,8 @@ def _stage(
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
         )
-    grid = tuner.fit()
+    with GracefulStop(suite_dir):
+        grid = tuner.fit()
     refused = sorted((suite_dir / "runs").glob(f"*/{REFUSED_FILE}"))
     if refused:  # a trial's bad input found only with its data: one sentence, as for any bad input
         raise ConfigError(refused[0].read_text())

@@ -76,6 +76,33 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_metrics(tmp_path, algo):
     assert clients == pq.read_table(tmp_path / "full" / "clients.parquet").to_pylist()
 
 
+def test_a_stop_asked_from_another_thread_is_ctrl_cs_stop(tmp_path):
+    """``run_experiment(stop_when=...)``, asked at each round's end (a suite's Ctrl-C reaching its
+    trials, which run in no main thread): the round it answers True in is the last, with its
+    checkpoint, whatever ``output.checkpoint_every``; the run resumes to the uninterrupted metrics."""
+    import threading
+
+    setup = {"algo": "fedper", "rounds": 5, "eval.every": 1, "output.checkpoint_every": 0}
+    full = run_experiment(tiny_config(tmp_path / "full", **setup))
+    cfg = tiny_config(tmp_path / "stopped", **setup)
+    asked: list[int] = []
+    out: list[Any] = []
+
+    def stop_when() -> bool:
+        asked.append(len(asked) + 1)
+        return len(asked) == 3
+
+    thread = threading.Thread(target=lambda: out.append(run_experiment(cfg, stop_when=stop_when)))
+    thread.start()
+    thread.join()
+    (first,) = out
+    assert asked == [1, 2, 3]  # once a round, and not after the stop
+    assert first.stopped and first.last_round == 3 and checkpoint.load(tmp_path / "stopped").round == 3
+    assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["stopped"] is True
+    resumed = run_experiment(cfg, resume=checkpoint.load(tmp_path / "stopped"))
+    assert not resumed.stopped and without_times(resumed.rows) == without_times(full.rows)
+
+
 def test_periodic_checkpoints_hold_the_last_multiple_of_k(tmp_path):
     cfg = tiny_config(tmp_path, algo="fedper", rounds=5, **{"output.checkpoint_every": 2})
     run_experiment(cfg)

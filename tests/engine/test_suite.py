@@ -17,9 +17,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from raysim import checkpoint
 from raysim.commands.sweep import suite_from_args
 from raysim.errors import ConfigError
 from raysim.suite import SuiteConfig, expand_grid, load_suite, parse_seeds, trials
+from raysim.suite.tune import LIVE_DIR, STOP_FILE
 from tests.conftest import without_times
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -357,16 +359,17 @@ def test_trials_that_do_not_fit_at_once_queue_instead_of_oversubscribing(tmp_pat
 def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunning_finished_trials(
     tmp_path, ray_local
 ):
-    """Three trials, one at a time. Ctrl-C once the first is done and the second has a checkpoint;
-    --resume, then kill -9 of the driver (and with it its local Ray) once the second is done and the
-    third has a checkpoint; --resume again. The finished trials never run again, the stopped ones
-    go on from their checkpoints, and the table and summary.json are the uninterrupted suite's. The
-    suite directory is moved between the stop and the first --resume (as to another machine): the
-    resumed trials write where it now is."""
+    """Three trials, one at a time, a checkpoint every 8 of their 40 rounds. Ctrl-C once the first
+    is done and the second has a checkpoint: the second ends its round and writes a checkpoint of
+    it, so every row it wrote is in it; --resume, then kill -9 of the driver (and with it its local
+    Ray) once the second is done and the third has a checkpoint; --resume again. The finished trials
+    never run again, the stopped ones go on from their checkpoints, and the table and summary.json
+    are the uninterrupted suite's. The suite directory is moved between the stop and the first
+    --resume (as to another machine): the resumed trials write where it now is."""
     from raysim.suite import run_suite
     from raysim.suite.records import copy_record
 
-    run = [*TINY, "--rounds", "40", "--checkpoint-every", "1", "--eval-every", "2"]
+    run = [*TINY, "--rounds", "40", "--checkpoint-every", "8", "--eval-every", "2"]
     sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py")]
     begun, stopped = tmp_path / "begun", tmp_path / "stopped"
 
@@ -398,7 +401,12 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert "--resume" in err
+    assert "--resume" in err and "stop after their round" in err, err[-3000:]
+    (going,) = [r for r in (begun / "runs").glob("*") if not (r / "summary.json").exists()]
+    rows = pq.read_table(going / "metrics.parquet").column("round").to_pylist()
+    stopped_at = checkpoint.load(going).round
+    assert stopped_at > 8 and stopped_at >= max(rows)  # past its periodic checkpoint, and no row lost
+    assert not (begun / STOP_FILE).exists() and not (begun / LIVE_DIR).exists()
     shutil.move(begun, stopped)
     (first,) = finished()
     proc = start("--resume", str(stopped))
