@@ -71,15 +71,26 @@ def server_step(
 ) -> tuple[ModelWeights, ModelWeights | None]:
     """(w', m'): the mean of the (rebased) uploads' differences from ``current``, through the
     momentum if ``beta`` > 0, times ``lr``, added to ``current``."""
+    return apply_update(current, mean_update(current, uploads), lr, beta, momentum)
 
-    def mean_update(w: np.ndarray, *ups: np.ndarray) -> np.ndarray:
+
+def mean_update(current: ModelWeights, uploads: Sequence[ModelWeights]) -> ModelWeights:
+    """The mean of the uploads' differences from ``current`` (summed in float64)."""
+
+    def mean(w: np.ndarray, *ups: np.ndarray) -> np.ndarray:
         acc = np.zeros(w.shape, dtype=np.float64)
         for u in ups:
             acc += u.astype(np.float64) - w
         out: np.ndarray = (acc / len(ups)).astype(np.float32)
         return out
 
-    update = map_parts(mean_update, current, *uploads)
+    return map_parts(mean, current, *uploads)
+
+
+def apply_update(
+    current: ModelWeights, update: ModelWeights, lr: float, beta: float, momentum: ModelWeights | None
+) -> tuple[ModelWeights, ModelWeights | None]:
+    """(w', m'): ``update`` through the momentum if ``beta`` > 0, times ``lr``, added to ``current``."""
     if beta > 0:
         update = update if momentum is None else map_parts(lambda m, u: (beta * m + u).astype(np.float32), momentum, update)
     step = map_parts(lambda w, u: (w.astype(np.float64) + lr * u.astype(np.float64)).astype(np.float32), current, update)
@@ -129,15 +140,16 @@ class FedBuff(FedAvg):
         assert isinstance(state, BuffState)
         uploads = [jr.final.weights for jr in results if jr.final.weights is not None]
         p = self.params
+        update = mean_update(state.weights, uploads)
         if p.server_opt != "sgd":  # FedOpt's step from the buffer's uniform mean
-            mean, _ = server_step(state.weights, uploads, 1.0, 0.0, None)
+            mean, _ = apply_update(state.weights, update, 1.0, 0.0, None)
             opt = OptSettings(p.server_opt, p.server_lr, 0.0, p.beta1, p.beta2, p.tau)
             weights, state_opt = optimiser_step(state.weights, mean, state.opt, opt, self.statistics)
             return BuffState(weights, state_opt)
-        weights, momentum = server_step(state.weights, uploads, p.server_lr, p.server_momentum, state.momentum)
+        weights, momentum = apply_update(state.weights, update, p.server_lr, p.server_momentum, state.momentum)
         if self.statistics:  # BatchNorm running statistics: the buffer's mean itself, not stepped
-            weights = keep_statistics(weights, server_step(state.weights, uploads, 1.0, 0.0, None)[0], self.statistics)
+            weights = keep_statistics(weights, apply_update(state.weights, update, 1.0, 0.0, None)[0], self.statistics)
         return BuffState(weights, momentum=momentum)
 
 
-__all__ = ["BuffState", "FedBuff", "FedBuffConfig", "server_step"]
+__all__ = ["BuffState", "FedBuff", "FedBuffConfig", "apply_update", "mean_update", "server_step"]
