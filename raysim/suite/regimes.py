@@ -25,7 +25,9 @@ the client epochs each row spent. Each table's rows whose every accuracy shown i
 of chance (1 / the dataset's classes) are named beneath it: the runs that diverged or learned
 nothing, which a reader of a leaderboard must not take for a ranking. So are the trials whose
 training loss is not finite at their last evaluation, by seed: a row whose one seed diverged can
-sit far from chance in the mean over seeds, and its rank then says nothing either.
+sit far from chance in the mean over seeds, and its rank then says nothing either. And the rows
+whose metric equals another row's to the bit at every evaluation of every seed are named together
+(APFL's global model is FedAvg's, trained alike): one model computed twice, not two results.
 """
 
 from __future__ import annotations
@@ -154,13 +156,39 @@ def _diverged(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], i
     return {c: (s, len(seeds[c])) for c, s in out.items()}
 
 
+def _equal(rows: Sequence[Mapping[str, Any]], names: Mapping[str, str], metrics: Sequence[str]) -> list[str]:
+    """The rows (configurations ``names`` maps to their row names) whose ``metrics`` equal another
+    row's to the bit at every evaluated round of every seed, each a group: ``"gm_gtest, gm_ptest:
+    apfl = fedavg"``, the metrics that group the same rows together. A metric counts where a
+    trial has it at some evaluation; the rows compared must have the same seeds and rounds."""
+    series: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+    for r in rows:
+        config = str(r["config"])
+        if config not in names:
+            continue
+        for m in metrics:
+            if r.get(m) is not None:
+                series.setdefault((config, m), {})[(int(r["seed"]), int(r["round"]))] = float(r[m])
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for m in metrics:
+        by_values: dict[tuple[tuple[tuple[int, int], float], ...], list[str]] = {}
+        for (config, metric), values in series.items():
+            if metric == m:
+                by_values.setdefault(tuple(sorted(values.items())), []).append(names[config])
+        for same in by_values.values():
+            if len(same) > 1:
+                groups.setdefault(tuple(sorted(same)), []).append(m)
+    return [f"{', '.join(ms)}: {' = '.join(same)}" for same, ms in sorted(groups.items(), key=lambda g: (metrics.index(g[1][0]), g[0]))]
+
+
 def regime_sections(
     regimes: Regimes, summary: Mapping[str, Any], num_classes: int | None, rows: Sequence[Mapping[str, Any]] = ()
 ) -> list[str]:
     """The page's section: a table per regime, its rows sorted by the first of ``regimes.sort`` each
     has (descending), the final values mean ± std over seeds, in %, and the compute each row spent;
-    beneath each, the rows near chance and the trials that diverged. ``rows``: the suite's ``metrics.parquet`` rows, which the
-    ``*_p10`` metrics and the client epochs are read from."""
+    beneath each, the rows near chance, the trials that diverged and the rows that equal another
+    (one model computed twice). ``rows``: the suite's ``metrics.parquet`` rows, which the ``*_p10``
+    metrics, the client epochs and the equal rows are read from."""
     from raysim.results.report import MISSING
 
     chance = 1.0 / num_classes if num_classes else None
@@ -235,6 +263,11 @@ def regime_sections(
             ]
         if lost:
             parts += [f"Diverged (training loss not finite at the last evaluation): {', '.join(lost)}.", ""]
+        # (rows that learned nothing or diverged are alike without being one model)
+        kept = {str(c["config"]): name for name, c in members if name not in near and str(c["config"]) not in diverged}
+        equal = _equal(rows, kept, [m for m in regimes.metrics if not m.endswith(WORST)])
+        if equal:
+            parts += [f"Equal to the bit at every evaluation of every seed: {'; '.join(equal)}.", ""]
     return parts
 
 

@@ -225,3 +225,35 @@ def test_the_trials_whose_training_loss_is_not_finite_are_named_by_seed_beneath_
     assert "Diverged (training loss not finite at the last evaluation): fedas (seed 1 of 2), feddbe (seeds 0, 1 of 2)." in block
     assert block.count("Diverged") == 1 and "Near chance (10% for 10 classes; every accuracy shown within 5 points of it): feddbe." in block
     assert "Diverged" not in "\n".join(regime_sections(regimes, summary, 10, [r for r in rows if r["config"] == "local_inf"]))
+
+
+def test_rows_equal_to_the_bit_at_every_evaluation_of_every_seed_are_named_together() -> None:
+    """APFL's global model is FedAvg's: its gm_* equal FedAvg's at every round of both seeds, and
+    the page says so beneath the regime; Ditto's differ at one round of one seed, so it is not
+    named; CFL's and FedClust's lm_ptest are equal (their gm_* absent); two rows at chance are
+    alike without being one model, so they are left out."""
+    from raysim.suite.regimes import regime_sections
+
+    names = ["apfl_inf", "fedavg_inf", "ditto_inf", "cfl_inf", "fedclust_inf", "fedas_inf", "feddbe_inf"]
+    summary = {"configs": [{"config": c, "seeds": [0, 1], "mean": {"gm_gtest": 0.5, "lm_ptest": 0.8}, "std": {}} for c in names]}
+    summary["configs"][-2]["mean"] = summary["configs"][-1]["mean"] = {"gm_gtest": 0.1, "lm_ptest": 0.1}
+
+    def row(config: str, seed: int, rnd: int) -> dict:
+        gm = 0.5 + seed / 10 + rnd / 100
+        lm = 0.7 + seed / 10 + rnd / 100
+        if config in ("fedas_inf", "feddbe_inf"):
+            return {"config": config, "seed": seed, "round": rnd, "gm_gtest": 0.1, "lm_ptest": 0.1}
+        if config in ("cfl_inf", "fedclust_inf"):
+            return {"config": config, "seed": seed, "round": rnd, "gm_gtest": None, "lm_ptest": lm}
+        if config == "ditto_inf" and (seed, rnd) == (1, 10):
+            gm += 1e-9
+        return {"config": config, "seed": seed, "round": rnd, "gm_gtest": gm, "lm_ptest": lm + len(config) / 1000}
+
+    rows = [row(c, s, rnd) for c in names for s in (0, 1) for rnd in (5, 10)]
+    regimes = parse_regimes({"suffixes": {"inf": "no DP"}, "metrics": ["gm_gtest", "lm_ptest"]}, [*CONFIGS, *names], "x")
+    block = "\n".join(regime_sections(regimes, summary, 10, rows))
+    assert "Equal to the bit at every evaluation of every seed: gm_gtest: apfl = fedavg; lm_ptest: cfl = fedclust." in block, block
+    # one seed alone equal is not enough
+    rows = [r for r in rows if not (r["config"] == "fedclust_inf" and r["seed"] == 1)]
+    block = "\n".join(regime_sections(regimes, summary, 10, rows))
+    assert "Equal to the bit at every evaluation of every seed: gm_gtest: apfl = fedavg." in block, block
