@@ -324,9 +324,10 @@ def run_experiment(
     until a callback stops it (:class:`~raysim.results.output.Reply`); write the run directory, with
     a checkpoint every ``output.checkpoint_every`` rounds and when stopped by Ctrl-C or a failure;
     return the metrics. ``stop_when`` is asked at the end of each round; True stops the run as
-    Ctrl-C does, after that round with a checkpoint (``stopped`` in the result), from any thread. ``callbacks`` are told after the run's own measures (the target, the
-    features) and before its writers (the tables, TensorBoard, the trackers, the checkpoints), so
-    that the metrics they reply are written. A bare config is checked here; an :class:`Experiment`
+    Ctrl-C does, after that round with a checkpoint (``stopped`` in the result), from any thread.
+    ``callbacks`` are told after the run's own measures (the target, the features) and before its
+    writers (the tables, TensorBoard, the trackers, the checkpoints), so that the metrics they
+    reply are written. A bare config is checked here; an :class:`Experiment`
     (from :func:`raysim.engine.experiment.validate`) was checked already."""
     t0 = time.perf_counter()
     origin = startup_origin(time.time())
