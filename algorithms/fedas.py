@@ -51,7 +51,9 @@ carries it (the same files of TsingZ0/PFLlib, read at commit d832e76), and FL-be
   round 20 at seed 0 (``docs/results/fedas_alignment``). The rate sits at the edge of stability,
   where a processor's rounding decides: the loss is quadratic in the features, whose scale grows
   with the body, and it averages over the representation's d entries, a pull of 1/d on each, with
-  d = 50 on ``cnn3p2_fmnist`` against the 512 of the authors' model;
+  d = 50 on ``cnn3p2_fmnist`` against the 512 of the authors' model. At ``alignment_lr`` 0.001
+  (0.01 x 50/512, rounded) the authors' term trained at both seeds on the AMD machine, LM 94.43
+  and 94.82 after 20 rounds, its training loss falling at every evaluation;
 - the Fisher trace is a sum over the training mini-batches of the squared gradient of the batch's
   mean negative log-likelihood, over every parameter of the model, taken after local training;
   the server's weights are the traces normalised to sum 1 (``aggregate_wrt_fisher``);
