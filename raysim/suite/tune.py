@@ -131,12 +131,13 @@ class GracefulStop:
     and no trial begins; once none is left inside its run (``LIVE_DIR`` empty), Tune is stopped as
     its own Ctrl-C stops it, saving the trials as running, so --resume goes on from those
     checkpoints. A second Ctrl-C stops Tune at once (the trials then go on from their last periodic
-    checkpoint)."""
+    checkpoint); a third is Python's KeyboardInterrupt."""
 
     def __init__(self, suite_dir: Path) -> None:
         self.stopping, self.live = suite_dir / STOP_FILE, suite_dir / LIVE_DIR
         self._previous: Any = None
         self._tune_handler: str | None = None
+        self._presses = 0
         self._done = threading.Event()
 
     def __enter__(self) -> GracefulStop:
@@ -164,8 +165,11 @@ class GracefulStop:
             shutil.rmtree(self.live, ignore_errors=True)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.stopping.exists():
-            log.warning("Ctrl-C again: stopping the suite now")
+        self._presses += 1
+        if self._presses > 2:  # Tune's own stop is under way and slow: Python's Ctrl-C
+            raise KeyboardInterrupt
+        if self._presses == 2:
+            log.warning("Ctrl-C again: stopping the suite now (Ctrl-C once more interrupts it)")
             self._stop_tune()
             return
         self.stopping.touch()

@@ -525,3 +525,50 @@ def test_each_configuration_is_paired_with_the_baseline_at_equal_compute(tmp_pat
         assert theirs["client_epochs"] == pytest.approx(ours["client_epochs"])
         assert by_name[pair]["settings"]["algo"] == "fedavg"
     assert "at equal compute" in (tmp_path / "suite" / "report.md").read_text()
+
+
+def test_a_suites_ctrl_c_waits_for_the_trials_in_their_run_then_stops_tune(tmp_path):
+    """GracefulStop (Tune's run emulated by a SIGUSR1 handler, as Tune's run installs): the first
+    Ctrl-C writes the stop file and stops Tune only once no trial is inside its run (one whose
+    process is gone does not count); a second stops Tune at once; a third is a KeyboardInterrupt.
+    Leaving puts back the Ctrl-C handler and Tune's setting, and removes the files."""
+    import socket
+
+    from raysim.suite.tune import GracefulStop
+
+    stopped: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: stopped.append(1))
+    before = signal.getsignal(signal.SIGINT)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    live = tmp_path / LIVE_DIR
+    live.mkdir()
+    (live / "left-by-a-killed-suite-seed0").write_text(f"{socket.gethostname()} {os.getpid()}")
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(stopped) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    try:
+        with GracefulStop(tmp_path):
+            assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1" and not live.exists()  # cleared
+            live.mkdir()
+            (live / "running-seed0").write_text(f"{socket.gethostname()} {os.getpid()}")
+            (live / "ended-seed0").write_text(f"{socket.gethostname()} {gone.pid}")
+            signal.raise_signal(signal.SIGINT)
+            assert (tmp_path / STOP_FILE).exists()
+            time.sleep(1.5)
+            assert stopped == []  # a trial is still inside its run
+            (live / "running-seed0").unlink()
+            wait_for(1)
+            assert stopped == [1]
+            signal.raise_signal(signal.SIGINT)
+            wait_for(2)
+            assert stopped == [1, 1]
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is before and "TUNE_DISABLE_SIGINT_HANDLER" not in os.environ
+        assert not (tmp_path / STOP_FILE).exists() and not live.exists()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
