@@ -340,8 +340,7 @@ def run_experiment(
     except BaseException:
         picture.wait()
         raise
-    loop = Loop.of(exp, executor, run_dir, resume)
-    loop.ctrl_c = StopRequest(stop_when)
+    loop = Loop.of(exp, executor, run_dir, resume, stop_when)
     loop.callbacks = Callbacks(in_order(exp, loop, users, resume))
     setup_time, startup, shutdown = time.perf_counter() - t0, 0.0, 0.0
     try:
@@ -411,11 +410,14 @@ class Loop:
     ctrl_c: StopRequest = field(default_factory=lambda: StopRequest())
 
     @classmethod
-    def of(cls, exp: Experiment, executor: Executor, run_dir: Path, resume: Checkpoint | None) -> Loop:
+    def of(
+        cls, exp: Experiment, executor: Executor, run_dir: Path, resume: Checkpoint | None,
+        stop_when: Callable[[], bool] | None = None,
+    ) -> Loop:
         cfg = exp.cfg
         loop = cls(
             cfg, executor, run_dir, ExtraRounds.of(exp.algorithm).epilogue, exp.algorithm.evaluates_personal(cfg),
-            RunTotals(), [], [],
+            RunTotals(), [], [], ctrl_c=StopRequest(stop_when),
         )  # fmt: skip
         if resume is not None:
             loop.totals, loop.last_round = dataclasses.replace(resume.totals), resume.round
