@@ -147,13 +147,13 @@ def _job_submit_runs_an_experiment(local_cluster: LocalCluster, tmp_path: Path) 
     assert pq.read_table(out / "metrics.parquet").num_rows == 2
     assert json.loads((out / "summary.json").read_text())
 
-    # the working dir went up without what .gitignore and Ray's default excludes leave out
-    # (.venv, runs, data, .git): the job ran from its unpacked copy on the head node
+    # the working dir went up without what .gitignore, .rayignore and Ray's default excludes leave
+    # out (.venv, runs, data, docs, .git): the job ran from its unpacked copy on the head node
     unpacked = list(local_cluster.state.glob("n0/session_*/runtime_resources/working_dir_files/_ray_pkg_*/"))
     assert unpacked, "no unpacked working dir on the head node"
     names = {p.name for p in unpacked[0].iterdir()}
     assert {"raysim", "algorithms", "scripts", "pyproject.toml"} <= names, names
-    assert not names & {".venv", "runs", "data", ".git"}, names
+    assert not names & {".venv", "runs", "data", "docs", ".git"}, names
 
 
 def _job_submit_runs_a_suite(local_cluster: LocalCluster, tmp_path: Path) -> None:
