@@ -28,6 +28,17 @@ if "RAYSIM_CACHE_DIR" not in os.environ:
 from raysim.config import ExperimentConfig, replace  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread in the test processes, as every executor trains
+    (``ExperimentConfig.train_threads``): PyTorch's default, a thread a core, had the two test
+    processes' threads spin against each other on two cores in the tests that run no experiment
+    (three times their time with ``-n 2``). Here, not at import: a process that imports this module
+    for :func:`tiny_config` keeps its own imports."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start Ray (mostly waiting on it) first, those starting a Ray of their own (in a
     subprocess, the longest) before those sharing the session's: with ``-n 2`` (pytest-xdist, as

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(
     not DEBIAN_FMNIST_DIR.exists(), reason="Fashion-MNIST is not installed (scripts/setup.sh installs it)"
 )
+@pytest.mark.integration
 def test_fed3p2_cli_with_defaults(tmp_path):
     out = tmp_path / "run"
     cmd = [

@@ -71,6 +71,7 @@ def test_the_tables_keep_a_column_that_first_appears_in_a_later_row(tmp_path):
     ]
 
 
+@pytest.mark.integration
 def test_startup_counts_from_raysims_import_also_when_python_was_execd(tmp_path):
     """``scripts/setup.sh run`` installs, then ``exec``s Python: the process was created when the
     shell started, seconds before raysim did. startup_s counts raysim's own start-up only."""

@@ -274,6 +274,7 @@ def test_batched_mode_is_the_same_on_serial_and_ray(tmp_path, ray_local, case):
     )
 
 
+@pytest.mark.integration
 def test_clients_per_second_benchmark_runs():
     """scripts/bench/clients_per_second.py on its synthetic stand-in for Fashion-MNIST:
     both settings run the same clients and report their rates (no speed is asserted)."""

@@ -159,6 +159,7 @@ def _wait_for_checkpoint(path: Path, proc: subprocess.Popen[str], rnd: int, time
     raise AssertionError("no checkpoint appeared")
 
 
+@pytest.mark.integration
 def test_killed_outright_then_resumed_from_the_cli(tmp_path):
     """SIGKILL (no clean-up at all) some time after round 3's checkpoint; ``--resume`` redoes the
     rounds after it and ends with the uninterrupted run's tables."""
@@ -183,6 +184,7 @@ def test_killed_outright_then_resumed_from_the_cli(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_ctrl_c_on_a_local_ray_run_stops_at_a_round_boundary(tmp_path):
     """Ctrl-C in a terminal reaches the whole foreground process group (the driver and the Ray it
     started): the round finishes, a checkpoint is written, exit status 130, and ``--resume`` on Ray

@@ -350,6 +350,7 @@ def test_a_dataset_found_corrupt_while_ray_starts_stops_that_ray(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_trial_refused_by_its_data_ends_the_suite_with_its_sentence(tmp_path):
     """What only the data can tell (files found, then corrupt) is found in the trial; the suite then
     ends with that sentence and exit status 2, not a failure of Tune's, and no traceback."""

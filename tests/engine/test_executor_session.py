@@ -73,6 +73,7 @@ def test_a_runs_partition_picture_is_drawn_once_its_workers_actors_exist(tmp_pat
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_run_that_started_ray_stops_it(tmp_path):
     """...and every process of that Ray: its daemons, the workers, and the agents the raylet
     started (which outlive a raylet killed without its shutdown, unless raysim kills them too).
@@ -226,6 +227,7 @@ def test_the_runner_does_not_import_ray():
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_local_run_prints_only_raysims_lines_and_stays_on_loopback(tmp_path):
     """No warning the user cannot act on (Ray's token authentication stays on, its notice
     goes), and local Ray on 127.0.0.1 even where nothing set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER

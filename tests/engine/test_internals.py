@@ -180,6 +180,7 @@ print(json.dumps({"rows": rows, "seen": seen, "initialized": ray.is_initialized(
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_ray_runs_give_the_same_numbers_with_the_internals_off_and_on(tmp_path, ray_local):
     """Off in a process that starts its own Ray (as a user's run does): its workers inherit the
     switch, Ray starts with its own settings and stops without Ray's internals, and the run's

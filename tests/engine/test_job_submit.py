@@ -279,6 +279,7 @@ def _a_run_leaves_the_next_one_its_workers_started(local_cluster: LocalCluster, 
 
 @pytest.mark.ray
 @needs_ray_cli
+@pytest.mark.integration
 def test_a_local_cluster_runs_jobs_suites_and_joined_runs_and_leaves_its_workers_started(local_cluster: LocalCluster, tmp_path: Path) -> None:
     """One cluster for the five checks (one test, so that the test processes start it once): a
     head and a worker node; ``ray job submit`` of an experiment and of a suite; a run joined to it

@@ -241,6 +241,7 @@ def _run_py(args: list[str], out: Path) -> list[dict]:
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_suite_gives_the_numbers_of_the_same_runs_through_run_py(tmp_path, ray_local, capsys):
     """The command's suite, its trials' numbers those of run.py; and with --publish PAGE_DIR, once
     it has finished, its record in PAGE_DIR/suite and its page in PAGE_DIR (the page raysim report
@@ -317,6 +318,7 @@ def test_a_bad_publish_directory_is_refused_in_one_sentence_before_ray_starts(tm
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_trials_that_do_not_fit_at_once_queue_instead_of_oversubscribing(tmp_path, ray_local):
     """Two trials of two 0.75-CPU workers each on a 2-CPU cluster: one at a time, from the
     cluster's own view (its placement groups and free CPUs), both done."""
@@ -356,6 +358,7 @@ def test_trials_that_do_not_fit_at_once_queue_instead_of_oversubscribing(tmp_pat
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunning_finished_trials(
     tmp_path, ray_local
 ):
@@ -500,6 +503,7 @@ def test_every_suite_file_loads_and_every_trial_validates(path):
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_each_configuration_is_paired_with_the_baseline_at_equal_compute(tmp_path, ray_local):
     """Fed3+2p's 'all' reading trains every client in phase 1: 8 + 4 client-epochs over 2 rounds of
     one epoch, so its FedAvg pair takes 6 clients a round; the plain reading trains 4 + 4, as FedAvg

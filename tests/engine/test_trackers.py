@@ -208,6 +208,7 @@ def test_log_is_one_value_in_a_sweep_not_a_grid(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_suites_trials_log_to_one_mlflow_store_grouped_by_the_suite(tmp_path, ray_local):
     """Each trial of a suite logs to one MLflow store in the suite directory, under the suite's name
     as the experiment (two trials at once on the 2 CPUs, both writing the one SQLite store)."""
