@@ -147,6 +147,7 @@ def test_partition_picture_is_the_partitions_counts(tmp_path):
     assert out.is_file()
 
 
+@pytest.mark.integration
 def test_example_script_runs(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "fedmedian.py"), "--dataset", "synthetic", "--clients", "6",
@@ -167,6 +168,7 @@ def test_console_command(tmp_path):
     assert bad.returncode == 2 and "unknown command 'fly'" in bad.stderr
 
 
+@pytest.mark.integration
 def test_pip_install_gives_the_raysim_command(tmp_path):
     """``pip install .`` in a fresh virtual environment installs a working ``raysim`` command (the
     dependencies come from this environment through a .pth file, not from the network)."""

@@ -192,6 +192,7 @@ def test_a_client_workers_constructor_imports_pytorch():
 
 
 @pytest.mark.ray
+@pytest.mark.integration
 def test_a_stopped_local_ray_leaves_no_process_even_on_a_busy_machine(tmp_path):
     """``session.stop_ray`` returns once every process of the Ray it started has ended: Ray's
     helpers run at niceness 19, and on a machine whose cores are busy a killed helper took a
