@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """One intra-op thread in the test processes, as every executor trains
     (``ExperimentConfig.train_threads``): PyTorch's default, a thread a core, had the two test
     processes' threads spin against each other on two cores in the tests that run no experiment
-    (three times their time with ``-n 2``). Here, not at import: a process that imports this module
+    (nearly four times their time with ``-n 2``). Here, not at import: a process that imports this module
     for :func:`tiny_config` keeps its own imports."""
     import torch
 
