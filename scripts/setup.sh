@@ -2,7 +2,8 @@
 # Set raysim up on this machine, then (optionally) do one thing:
 #   bash scripts/setup.sh          set up only
 #   bash scripts/setup.sh run      set up, then a two-minute 100-client Fed3+2p run on Fashion-MNIST, local Ray
-#   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (what CI runs)
+#   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (CI runs it, then the
+#                                  integration tests: bash scripts/setup.sh test -m integration)
 #   bash scripts/setup.sh lint     set up, then ruff and mypy
 # Setup: a virtual environment in .venv, PyTorch, raysim with its dev extra, and Fashion-MNIST
 # (Debian's dataset-fashion-mnist where apt is available, else torchvision's download into data/).
