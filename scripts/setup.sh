@@ -2,8 +2,9 @@
 # Set raysim up on this machine, then (optionally) do one thing:
 #   bash scripts/setup.sh          set up only
 #   bash scripts/setup.sh run      set up, then a two-minute 100-client Fed3+2p run on Fashion-MNIST, local Ray
-#   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (CI runs it, then the
-#                                  integration tests: bash scripts/setup.sh test -m integration)
+#   bash scripts/setup.sh test     set up, then ruff, mypy and the default test suite (CI runs it, then
+#                                  the integration tests)
+#   bash scripts/setup.sh integration   set up, then the integration tests the default suite leaves out
 #   bash scripts/setup.sh lint     set up, then ruff and mypy
 # Setup: a virtual environment in .venv, PyTorch, raysim with its dev extra, and Fashion-MNIST
 # (Debian's dataset-fashion-mnist where apt is available, else torchvision's download into data/).
@@ -56,6 +57,12 @@ fi
 # Local Ray stays on loopback and reports nothing.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 
+# Two test processes (pytest-xdist): most tests that start Ray wait on it, and the other process's
+# tests use the time (RAYSIM_TEST_PROCESSES=0 runs them in this one); tests are handed out one at a
+# time (--maxschedchunk 1): xdist's default first hands each process a quarter of its share, which
+# put every long Ray test (sorted first) in one process while the other ran out of tests halfway.
+run_tests() { exec "$VPY" -m pytest -q -n "${RAYSIM_TEST_PROCESSES:-2}" --maxschedchunk 1 "$@"; }
+
 case "${1:-}" in
   "") log "ready: $VPY scripts/run.py --help" ;;
   run)
@@ -71,14 +78,13 @@ case "${1:-}" in
     shift
     "$VPY" -m ruff check raysim algorithms scripts tests
     "$VPY" -m mypy raysim algorithms
-    # two test processes (pytest-xdist): most tests that start Ray wait on it, and the other
-    # process's tests use the time (RAYSIM_TEST_PROCESSES=0 runs them in this one); tests are
-    # handed out one at a time (--maxschedchunk 1): xdist's default first hands each process a
-    # quarter of its share, which put every long Ray test (sorted first) in one process while the
-    # other ran out of tests halfway
-    exec "$VPY" -m pytest -q -n "${RAYSIM_TEST_PROCESSES:-2}" --maxschedchunk 1 "$@" ;;
+    run_tests "$@" ;;
+  integration)
+    shift
+    # a real command end to end in processes of its own: a Ray, a cluster, a job, a suite
+    run_tests -m integration "$@" ;;
   lint)
     "$VPY" -m ruff check raysim algorithms scripts tests
     exec "$VPY" -m mypy raysim algorithms ;;
-  *) log "unknown action $1 (run | test | lint)"; exit 2 ;;
+  *) log "unknown action $1 (run | test | integration | lint)"; exit 2 ;;
 esac
