@@ -62,6 +62,14 @@ def trial_resources(cfg: ExperimentConfig, driver_cpus: float) -> list[dict[str,
     return [head, *({k: v for k, v in worker.items() if v > 0} for _ in range(cfg.ray.workers or 1))]
 
 
+def run_name(params: dict[str, Any], trial_id: str) -> str:
+    """The run directory's name of the Tune trial ``trial_id`` with ``params``: the trial's name,
+    with Tune's trial id beside when the search sampled it (several samples of one configuration)."""
+    t = params["trial"]
+    name = Trial(t["config"], int(t["seed"]), t["settings"]).name
+    return f"{name}-{trial_id}" if params.get("search") else name
+
+
 def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     """One trial, inside its placement group on the suite's Ray session: the experiment as run.py
     runs it, reporting every evaluation to Tune; it goes on from its own checkpoint if it has one
@@ -76,7 +84,7 @@ def run_trial(params: dict[str, Any], suite_dir: str) -> None:
     t = params["trial"]
     trial = Trial(t["config"], int(t["seed"]), t["settings"])
     sampled = params.get("search") or {}
-    name = trial.name if not sampled else f"{trial.name}-{tune.get_context().get_trial_id()}"
+    name = run_name(params, tune.get_context().get_trial_id())
     root = Path(suite_dir)
     run_dir = root / "runs" / name
     exp = in_suite_trackers(trial_experiment(trial, run_dir, sampled), str(t.get("suite", "")), root)
@@ -376,9 +384,26 @@ def _stage(
         raise ConfigError(refused[0].read_text())
     if grid.errors:
         raise RuntimeError(f"{len(grid.errors)} trial(s) failed; the first: {grid.errors[0]}")
-    # the trials left for --resume: in the state Tune saved when it was stopped (it then ends the
-    # trials it leaves, and its results call them all terminated)
-    return sum(t.status != "TERMINATED" for t in tune.ExperimentAnalysis(str(tune_dir)).trials)
+    return _left(suite, suite_dir, tune_dir, todo, main=name == "tune")
+
+
+def _left(suite: Suite, suite_dir: Path, tune_dir: Path, todo: list[Trial], main: bool) -> int:
+    """The trials a stopped stage leaves for --resume. Tune's saved state alone does not tell:
+    it makes a grid's trials only as it reaches them (with a cap on those at once, the rest are
+    not in it yet), and it counts a trial that finished before it began (a resumed record's, which
+    it only reports again) as left until it reaches it. So: the trials Tune had not ended (in the
+    state it saved when stopped; it then ends the trials it leaves, and its results call them all
+    terminated) and those it had not made, less any with its summary.json."""
+    from ray import tune
+
+    def done(run: str) -> bool:
+        return (suite_dir / "runs" / run / "summary.json").exists()
+
+    made = {run_name(t.config, t.trial_id): t.status for t in tune.ExperimentAnalysis(str(tune_dir)).trials}
+    left = sum(status != "TERMINATED" and not done(run) for run, status in made.items())
+    if suite.search is not None and suite.search.space and main:  # its runs are named by Tune's trial ids
+        return left + max(0, len(todo) * suite.search.samples - len(made))
+    return left + sum(t.name not in made and not done(t.name) for t in todo)
 
 
 def equal_compute_trials(suite: Suite, suite_dir: Path) -> list[Trial]:

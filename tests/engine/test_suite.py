@@ -399,12 +399,13 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
     def finished() -> set[str]:
         return {p.parent.name for p in (stopped / "runs").glob("*/summary.json")}
 
-    proc = start("--algo", "fedavg", "--seeds", "0-2", "--max-concurrent", "1", *run, "--out", str(begun))
+    proc = start("--algo", "fedavg", "--seeds", "0-2", "--max-concurrent", "1", "--driver-cpus", "1", *run, "--out", str(begun))
     wait_until(proc, 1, begun)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "--resume" in err and "stop after their round" in err, err[-3000:]
+    assert "raysim: 2 trial(s) unfinished" in err, err[-3000:]  # the stopped one and the one not begun
     (going,) = [r for r in (begun / "runs").glob("*") if not (r / "summary.json").exists()]
     rows = pq.read_table(going / "metrics.parquet").column("round").to_pylist()
     stopped_at = checkpoint.load(going).round
@@ -444,16 +445,23 @@ def test_an_interrupted_or_killed_suite_resumes_to_the_same_table_without_rerunn
 
     assert table_of(stopped) == table_of(tmp_path / "whole")
     assert not begun.exists()  # nothing went back to where the suite began
-    # its record (raysim.suite.records: kilobytes a trial) carried elsewhere without the third
-    # trial: --resume of the record runs that trial alone, from its start, to the same table
+    # its record (raysim.suite.records: kilobytes a trial) carried elsewhere without the first
+    # trial: --resume of the record runs that trial alone, from its start; stopped again, it says
+    # one trial is left (not the finished ones Tune had yet to report); the last --resume goes on
+    # from its checkpoint to the same table
     carried = tmp_path / "carried"
     copy_record(stopped, carried)
-    shutil.rmtree(carried / "runs" / third)
+    shutil.rmtree(carried / "runs" / first)
     before = (carried / "trial_starts.log").read_text().splitlines()
+    proc = start("--resume", str(carried))  # a trial and its driver's CPU fill the two: one at a time
+    wait_until(proc, 2, carried)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "raysim: 1 trial(s) unfinished" in err, err[-3000:]
     run_suite(load_suite(carried / "suite.yaml"), carried, resume=True, progress=False)
     after = (carried / "trial_starts.log").read_text().splitlines()
     assert after[: len(before)] == before
-    assert [line.split()[:2] for line in after[len(before) :]] == [[third, "start"], [third, "end"]]
+    assert [line.split()[:2] for line in after[len(before) :]] == [[first, "start"], [first, "resume"], [first, "end"]]
     assert table_of(carried) == table_of(tmp_path / "whole")
 
 
